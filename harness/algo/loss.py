@@ -1,0 +1,47 @@
+"""The policy loss of one micro-batch, normalised by whole-batch counts so that the gradients
+of the micro-batches (one role instance each) add up exactly to the gradient of the full loss.
+
+Aggregation modes: `token-mean` and `seq-mean-token-mean` are verl's `agg_loss` with global
+normalisers; `role-balanced` gives each role of a policy equal weight (token-mean within role),
+a mitigation for role capture under a shared policy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict
+
+import torch
+from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+
+
+@dataclass(frozen=True)
+class BatchNorm:
+    """Whole-batch counts of one policy's update."""
+
+    n_tokens: int
+    n_sequences: int
+    role_tokens: Dict[str, int]
+
+
+def ppo_clip_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+                  clip_ratio: float) -> torch.Tensor:
+    """Per-token clipped surrogate (bs, T); advantages are per sequence (bs, 1)."""
+    ratio = torch.exp(log_prob - old_log_prob)
+    clipped = torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    return torch.maximum(-advantages * ratio, -advantages * clipped)
+
+
+def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm: BatchNorm, role: str) -> torch.Tensor:
+    if mode == "token-mean":
+        return agg_loss(loss_mat, mask, "token-mean", batch_num_tokens=max(norm.n_tokens, 1))
+    if mode == "seq-mean-token-mean":
+        return agg_loss(loss_mat, mask, "seq-mean-token-mean", global_batch_size=max(norm.n_sequences, 1))
+    if mode == "role-balanced":
+        role_loss = agg_loss(loss_mat, mask, "token-mean", batch_num_tokens=max(norm.role_tokens[role], 1))
+        return role_loss / len(norm.role_tokens)
+    raise ValueError(f"unknown loss aggregation '{mode}'")
+
+
+def kl_to_reference(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    """verl's low-variance KL estimator, per token."""
+    return kl_penalty(log_prob, ref_log_prob, "low_var_kl")

@@ -1,0 +1,174 @@
+"""Dataclass schemas for one cell, registered in Hydra's ConfigStore, and their validation.
+
+Every knob is a field here, so every knob is overridable from the command line
+(`python -m harness.run algo.lr=5e-4 workflow.n_votes=5`). Validation runs before anything
+touches the disk, so a bad override never leaves a half-written run directory behind.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from harness.workflows.prompts import DEFAULT_PROMPTS
+
+TOPOLOGIES = ("single", "eval_opt", "voting", "orch_workers")
+SHARING_MODES = ("sp", "ip", "ip_instance", "custom")
+ENGINES = ("local",)
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "role-balanced")
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration mistake; its message names the valid choices."""
+
+
+@dataclass
+class WorkflowConfig:
+    n_votes: int = 3  # voting: voter instances
+    max_iterations: int = 2  # eval_opt: generator drafts at most
+    max_subtasks: int = 2  # orch_workers: worker instances at most
+    max_new_tokens: int = 12  # per turn, unless a role overrides it
+    role_max_new_tokens: Dict[str, int] = field(default_factory=dict)
+    prompts: Dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PROMPTS))  # by template name
+
+
+@dataclass
+class SharingConfig:
+    # custom mode: policy id -> members, each "role" or "role:instance"
+    groups: Dict[str, List[str]] = field(default_factory=dict)
+    full_finetune: bool = False  # sp only: train all base parameters instead of one adapter
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = None  # local checkpoint dir for qwen3-* scales
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    lora_targets: List[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    cache_dir: Optional[str] = None  # warm tiny checkpoints; default ~/.cache/marl-harness
+    warmup_steps: Optional[int] = None  # None: the scale's default
+
+
+@dataclass
+class AlgoConfig:
+    problems_per_step: int = 8
+    group_size: int = 4  # G episodes per problem
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_ratio: float = 0.2
+    loss_agg: str = "token-mean"
+    norm_adv_by_std: bool = True
+    kl_coef: float = 0.0  # > 0: KL to the base model (adapter disabled)
+    micro_batch_size: int = 64
+    temperature: float = 1.0
+
+
+@dataclass
+class RewardConfig:
+    """r = node*r_node + turn*r_turn + traj*r_traj per turn; per_role overrides by role name."""
+
+    node: float = 0.0  # role-level correctness (voter correct, aggregator picked correct, ...)
+    turn: float = 0.0  # the turn's output honours its role's contract
+    traj: float = 1.0  # final outcome, copied to every turn
+    length: float = 0.0  # per response token (used to provoke length drift on purpose)
+    per_role: Dict[str, Dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass
+class ArithConfig:
+    min_terms: int = 2
+    max_terms: int = 3
+    max_value: int = 30
+    n_train: int = 4000
+    n_val: int = 200
+
+
+@dataclass
+class CellConfig:
+    topology: str = "voting"
+    sharing: str = "ip"
+    task: str = "arith"
+    scale: str = "tiny-m"
+    engine: str = "local"
+    seed: int = 0
+    steps: int = 100
+    root: str = "runs"
+    sweep: str = "default"
+    cell_id: Optional[str] = None  # default: derived from the axis values
+    val_every: int = 10
+    val_problems: int = 64
+    ckpt_every: int = 10
+    samples_every: int = 20
+    progress: bool = True
+    workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
+    sharing_cfg: SharingConfig = field(default_factory=SharingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    arith: ArithConfig = field(default_factory=ArithConfig)
+    extra: Dict[str, Any] = field(default_factory=dict)  # free-form tags carried to cell.yaml
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="cell", node=CellConfig)
+
+
+def default_cell_id(cfg: CellConfig) -> str:
+    """Readable and stable: the same axis values give the same id on every machine."""
+    if cfg.topology == "single":
+        return f"single-{cfg.task}-{cfg.scale}-s{cfg.seed}"
+    return f"{cfg.topology}-{cfg.sharing}-{cfg.task}-{cfg.scale}-s{cfg.seed}"
+
+
+def _choose(kind: str, value: str, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {kind} '{value}'; valid choices: {', '.join(choices)}")
+
+
+def validate(cfg: CellConfig) -> None:
+    """Raise ConfigError for anything that would fail later; touches nothing on disk but model paths."""
+    from harness.models import SCALES, resolve_model_path
+    from harness.tasks import TASKS
+
+    _choose("topology", cfg.topology, TOPOLOGIES)
+    _choose("sharing mode", cfg.sharing, SHARING_MODES)
+    _choose("task", cfg.task, sorted(TASKS))
+    _choose("scale", cfg.scale, list(SCALES))
+    _choose("engine", cfg.engine, ENGINES)
+    _choose("loss aggregation (algo.loss_agg)", cfg.algo.loss_agg, LOSS_AGG_MODES)
+    positive = {
+        "steps": cfg.steps,
+        "algo.problems_per_step": cfg.algo.problems_per_step,
+        "algo.group_size": cfg.algo.group_size,
+        "algo.micro_batch_size": cfg.algo.micro_batch_size,
+        "workflow.n_votes": cfg.workflow.n_votes,
+        "workflow.max_iterations": cfg.workflow.max_iterations,
+        "workflow.max_subtasks": cfg.workflow.max_subtasks,
+        "workflow.max_new_tokens": cfg.workflow.max_new_tokens,
+        "val_every": cfg.val_every,
+        "ckpt_every": cfg.ckpt_every,
+        "model.lora_rank": cfg.model.lora_rank,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if cfg.algo.group_size < 2:
+        raise ConfigError("algo.group_size must be >= 2: GRPO normalises rewards within a group")
+    if cfg.algo.lr <= 0:
+        raise ConfigError(f"algo.lr must be > 0, got {cfg.algo.lr}")
+    if cfg.sharing_cfg.full_finetune and cfg.sharing != "sp":
+        raise ConfigError("sharing_cfg.full_finetune=true needs sharing=sp (one shared policy)")
+    if cfg.sharing == "custom" and not cfg.sharing_cfg.groups:
+        raise ConfigError("sharing=custom needs sharing_cfg.groups, e.g. "
+                          "'sharing_cfg.groups={a:[voter],b:[aggregator]}'")
+    resolve_model_path(cfg)  # raises ConfigError for a missing checkpoint dir
+    # the workflow checks its own roles against sharing groups and prompt overrides
+    from harness.workflows import build_workflow
+    from harness.sharing import PolicyMap
+
+    workflow = build_workflow(cfg)
+    PolicyMap.from_config(cfg, workflow.role_instances())

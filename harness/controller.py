@@ -1,0 +1,121 @@
+"""One GRPO step of a multi-agent cell, start to finish — the algorithm in one place:
+
+    problems ─▶ G episodes each (workflow programs, batched generate per policy)
+             ─▶ reward per turn ─▶ group advantages per role slot
+             ─▶ engine.update(turns, probe) ─▶ per-role metrics
+
+Every step is seeded from (seed, step) alone, so a resumed run replays exactly the steps a
+killed one would have taken.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+import torch
+
+from harness.algo.grpo import assign_advantages
+from harness.instrument.gradients import gradient_metrics
+from harness.instrument.probe import GradientProbe
+from harness.instrument.rollout import rollout_metrics
+from harness.rewards import assign_rewards
+from harness.sharing import PolicyMap
+from harness.tasks import Problem, Task
+from harness.workflows import Agents, Episode, Scheduler, Workflow
+from harness.workflows.prompts import resolve_prompts
+
+
+@dataclass
+class StepResult:
+    metrics: Dict[str, float]
+    episodes: List[Episode]
+
+
+class Controller:
+    def __init__(self, cfg, task: Task, workflow: Workflow, policy_map: PolicyMap, engine):
+        self.cfg = cfg
+        self.task = task
+        self.workflow = workflow
+        self.policy_map = policy_map
+        self.engine = engine
+        self.prompts = resolve_prompts(dict(cfg.workflow.prompts))
+        roles = [r.name for r in workflow.roles()]
+        self.budgets = {r: int(cfg.workflow.role_max_new_tokens.get(r, cfg.workflow.max_new_tokens)) for r in roles}
+        self.train_problems = task.problems("train")
+        self.val_problems = task.problems("val")[: cfg.val_problems]
+
+    def _seed(self, step: int, salt: int = 0) -> None:
+        torch.manual_seed((self.cfg.seed * 1_000_003 + step) * 7 + salt)
+
+    def problems_for(self, step: int) -> List[Problem]:
+        rng = random.Random(f"{self.cfg.seed}:{step}")
+        return rng.sample(self.train_problems, self.cfg.algo.problems_per_step)
+
+    def rollout(self, problems: List[Problem], group_size: int, greedy: bool) -> Tuple[List[Episode], Scheduler]:
+        scheduler = Scheduler(self.engine.generate)
+
+        async def one(problem: Problem, group: int) -> Episode:
+            agents = Agents(scheduler, self.policy_map.policy_of, self.prompts, self.budgets,
+                            self.cfg.algo.temperature, greedy)
+            episode = await self.workflow.episode(problem, agents)
+            episode.group = group
+            return episode
+
+        coroutines = [one(p, g) for g, p in enumerate(problems) for _ in range(group_size)]
+        return scheduler.run(coroutines), scheduler
+
+    def train_step(self, step: int) -> StepResult:
+        started = time.perf_counter()
+        self._seed(step)
+        episodes, scheduler = self.rollout(self.problems_for(step), self.cfg.algo.group_size, greedy=False)
+        rollout_s = time.perf_counter() - started
+        for episode in episodes:
+            assign_rewards(episode, self.cfg.reward)
+        assign_advantages(episodes, self.cfg.algo.norm_adv_by_std)
+        probe = GradientProbe()
+        update = self.engine.update([t for e in episodes for t in e.turns], probe)
+        metrics = rollout_metrics(episodes)
+        metrics.update(gradient_metrics(probe))
+        metrics["loss"] = update.loss
+        for policy, value in update.policy_grad_norm.items():
+            metrics[f"policy/{policy}/grad_norm"] = value
+        for policy, value in update.policy_update_norm.items():
+            metrics[f"policy/{policy}/update_norm"] = value
+            metrics[f"policy/{policy}/param_norm"] = update.policy_param_norm[policy]
+        for role, value in update.entropy.items():
+            metrics[f"role/{role}/entropy"] = value
+        for role, value in update.kl.items():
+            metrics[f"role/{role}/kl"] = value
+        metrics["skipped_policies"] = float(len(update.skipped))
+        metrics["time/rollout_s"] = rollout_s
+        metrics["time/step_s"] = time.perf_counter() - started
+        metrics["time/generate_calls"] = float(len(scheduler.calls))
+        return StepResult(metrics, episodes)
+
+    @torch.no_grad()
+    def validate(self, step: int) -> Dict[str, float]:
+        """Greedy episodes on the validation split; keys under val/."""
+        self._seed(step, salt=1)
+        episodes, _ = self.rollout(self.val_problems, 1, greedy=True)
+        for episode in episodes:
+            assign_rewards(episode, self.cfg.reward)
+        metrics = rollout_metrics(episodes, prefix="val/")
+        return {k: v for k, v in metrics.items() if k.endswith(("accuracy", "format_ok", "response_length"))}
+
+
+def sample_records(step: int, episodes: List[Episode], n: int) -> List[dict]:
+    """Full episodes for samples.jsonl: each turn's role, prompt, response, reward and verdicts."""
+    records = []
+    for episode in episodes[:n]:
+        records.append({
+            "step": step, "problem": episode.problem.uid, "question": episode.problem.question,
+            "reference": episode.problem.answer, "final": episode.final_text,
+            "correct": bool(episode.grade and episode.grade.correct),
+            "turns": [{"role": t.role, "instance": t.instance, "policy": t.policy, "prompt": t.prompt,
+                       "response": t.text, "tokens": len(t.response_ids), "truncated": t.truncated,
+                       "malformed": t.malformed, "role_correct": t.role_correct, "reward": t.reward,
+                       "advantage": t.advantage} for t in episode.turns],
+        })
+    return records

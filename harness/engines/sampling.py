@@ -1,0 +1,57 @@
+"""Batched sampling that prefills each distinct prompt once.
+
+A step asks for the same prompt many times: G episodes of a problem, and under IP all n voters
+of an episode too (same adapter, same prompt). HF `generate` would prefill every copy; here the
+distinct prompts are prefilled once, their KV cache is repeated for the copies, and decoding
+runs on the whole batch. Positions count real tokens only, as in the training forward.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Sequence
+
+import torch
+
+
+@torch.no_grad()
+def sample_repeated(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: int,
+                    max_new_tokens: int, temperature: float, greedy: bool, eos_id: int, pad_id: int) -> torch.Tensor:
+    """(B*repeats, T) new tokens for B left-padded prompts, each sampled `repeats` times
+    (rows b*repeats .. b*repeats+repeats-1 belong to prompt b); pad after end of turn."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+    cache = out.past_key_values
+    if repeats > 1:
+        cache.batch_repeat_interleave(repeats)
+    logits = out.logits[:, -1].float().repeat_interleave(repeats, 0)
+    mask = attention_mask.repeat_interleave(repeats, 0)
+    position = position_ids[:, -1:].repeat_interleave(repeats, 0) + 1
+    done = torch.zeros(logits.shape[0], dtype=torch.bool)
+    tokens = []
+    for t in range(max_new_tokens):
+        if greedy:
+            token = logits.argmax(-1)
+        else:
+            token = torch.multinomial(torch.softmax(logits / temperature, -1), 1).squeeze(-1)
+        token = torch.where(done, torch.full_like(token, pad_id), token)
+        tokens.append(token)
+        done |= token == eos_id
+        if bool(done.all()) or t == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache,
+                    use_cache=True)
+        cache, logits, position = out.past_key_values, out.logits[:, -1].float(), position + 1
+    return torch.stack(tokens, dim=1)
+
+
+def group_duplicates(prompts: Sequence[str]) -> Dict[int, List[List[int]]]:
+    """{copies: [[indices of one distinct prompt], ...]}: prompts grouped by how often they occur,
+    so each group can be sampled in one call with a fixed repeat count."""
+    where: Dict[str, List[int]] = defaultdict(list)
+    for i, prompt in enumerate(prompts):
+        where[prompt].append(i)
+    groups: Dict[int, List[List[int]]] = defaultdict(list)
+    for indices in where.values():
+        groups[len(indices)].append(indices)
+    return dict(groups)

@@ -1,0 +1,52 @@
+"""Per-role and per-policy gradient statistics from the probe's Gram matrices.
+
+The gradient of the whole update is the concatenation of every policy's gradient (policies
+own disjoint parameters), so instances on different policies are orthogonal by construction:
+    role grad norm   ‖Σ_{i∈role} g_i‖
+    grad share       g_role·g_total / ‖g_total‖²       (shares of all roles sum to 1)
+    coherence        ‖Σ_{i∈S} g_i‖² / Σ_{i∈S} ‖g_i‖²   (≈1 orthogonal, ≈n aligned; n same-type instances)
+    amplification    ‖Σ_{i∈role} g_i‖ / mean_i ‖g_i‖   (how much faster than one instance the role pushes)
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Dict
+
+from harness.instrument.probe import GradientProbe
+
+
+def gradient_metrics(probe: GradientProbe) -> Dict[str, float]:
+    metrics: Dict[str, float] = {}
+    role_sq: Dict[str, float] = defaultdict(float)  # ‖g_role‖² summed over policies
+    role_dot_total: Dict[str, float] = defaultdict(float)
+    role_self: Dict[str, float] = defaultdict(float)  # Σ ‖g_i‖²
+    role_norms: Dict[str, list] = defaultdict(list)
+    total_sq = 0.0
+    for policy, pg in probe.policies.items():
+        gram = pg.gram
+        policy_sq = float(gram.sum())
+        total_sq += policy_sq
+        metrics[f"policy/{policy}/grad_norm_probe"] = math.sqrt(max(policy_sq, 0.0))
+        if len(pg.slots) > 1:
+            metrics[f"policy/{policy}/coherence"] = policy_sq / max(float(gram.diag().sum()), 1e-30)
+        roles = [slot[0] for slot in pg.slots]
+        for role in set(roles):
+            idx = [k for k, r in enumerate(roles) if r == role]
+            role_sq[role] += float(gram[idx][:, idx].sum())
+            role_dot_total[role] += float(gram[idx].sum())
+            role_self[role] += float(gram.diag()[idx].sum())
+            role_norms[role] += [math.sqrt(max(float(gram[k, k]), 0.0)) for k in idx]
+            metrics[f"policy/{policy}/instances"] = float(len(pg.slots))
+        for k, (role, instance) in enumerate(pg.slots):
+            metrics[f"role/{role}/{instance}/grad_norm"] = math.sqrt(max(float(gram[k, k]), 0.0))
+    for role in role_sq:
+        norm = math.sqrt(max(role_sq[role], 0.0))
+        metrics[f"role/{role}/grad_norm"] = norm
+        metrics[f"role/{role}/grad_share"] = role_dot_total[role] / total_sq if total_sq > 0 else 0.0
+        if len(role_norms[role]) > 1:
+            metrics[f"role/{role}/coherence"] = role_sq[role] / max(role_self[role], 1e-30)
+            mean_single = sum(role_norms[role]) / len(role_norms[role])
+            metrics[f"role/{role}/amplification"] = norm / mean_single if mean_single > 0 else 0.0
+    metrics["grad/total_norm"] = math.sqrt(max(total_sq, 0.0))
+    return metrics

@@ -1,0 +1,42 @@
+"""Per-role statistics of a step's episodes: turns and tokens (and their shares), response
+length, format compliance, reward and the role's own accuracy."""
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean, pstdev
+from typing import Dict, List
+
+from harness.workflows import Episode
+
+
+def rollout_metrics(episodes: List[Episode], prefix: str = "") -> Dict[str, float]:
+    metrics: Dict[str, float] = {}
+    outcomes = [1.0 if e.grade is not None and e.grade.correct else 0.0 for e in episodes]
+    if not outcomes:
+        return metrics
+    metrics[f"{prefix}accuracy"] = mean(outcomes)
+    turns_by_role = defaultdict(list)
+    for e in episodes:
+        for t in e.turns:
+            turns_by_role[t.role].append(t)
+    all_turns = [t for ts in turns_by_role.values() for t in ts]
+    rewards = [t.reward for t in all_turns]
+    metrics[f"{prefix}reward/mean"] = mean(rewards)
+    metrics[f"{prefix}reward/std"] = pstdev(rewards)
+    metrics[f"{prefix}episode/turns"] = len(all_turns) / len(episodes)
+    total_tokens = sum(len(t.response_ids) for t in all_turns) or 1
+    for role, turns in sorted(turns_by_role.items()):
+        lengths = [len(t.response_ids) for t in turns]
+        key = f"{prefix}role/{role}"
+        metrics[f"{key}/turns"] = float(len(turns))
+        metrics[f"{key}/turn_share"] = len(turns) / len(all_turns)
+        metrics[f"{key}/token_share"] = sum(lengths) / total_tokens
+        metrics[f"{key}/response_length"] = mean(lengths)
+        metrics[f"{key}/response_length_max"] = float(max(lengths))
+        metrics[f"{key}/truncated"] = mean(float(t.truncated) for t in turns)
+        metrics[f"{key}/format_ok"] = mean(float(not t.malformed) for t in turns)
+        metrics[f"{key}/reward"] = mean(t.reward for t in turns)
+        judged = [float(t.role_correct) for t in turns if t.role_correct is not None]
+        if judged:
+            metrics[f"{key}/accuracy"] = mean(judged)
+    return metrics

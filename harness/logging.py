@@ -1,0 +1,135 @@
+"""The run directory: the contract between training, analysis and reports.
+
+    <root>/<sweep>/<cell_id>/
+      cell.yaml  metrics.jsonl  alerts.jsonl  samples.jsonl  status.json  checkpoints/  report/
+
+Writers append one JSON object per line and flush per step; readers tolerate a torn last line.
+On resume, records past the last checkpoint are dropped, so a killed run re-logs those steps
+once: no step is lost and none is duplicated.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+LOG_FILES = ("metrics.jsonl", "alerts.jsonl", "samples.jsonl")
+STATES = ("running", "finished", "stopped_early", "failed", "diverged")
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as strings a reader can turn back into floats."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def iter_jsonl(path: Path) -> Iterator[dict]:
+    """Every complete record; a torn or garbled line (a killed writer) is skipped."""
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            for line in handle:
+                if not line.endswith("\n"):
+                    break  # torn last line
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict):
+                    yield record
+    except FileNotFoundError:
+        return
+
+
+def read_jsonl(path: Path) -> List[dict]:
+    return list(iter_jsonl(path))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class RunDir:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def create(self) -> None:
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        for name in LOG_FILES:
+            self.file(name).touch()
+
+    # ------------------------------------------------------------------ records
+    def append(self, name: str, record: Dict[str, Any]) -> None:
+        with open(self.file(name), "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(_clean(record), sort_keys=False) + "\n")
+            handle.flush()
+
+    def records(self, name: str) -> List[dict]:
+        return read_jsonl(self.file(name))
+
+    def truncate_from(self, step: int) -> None:
+        """Keep only records of steps before `step` (and drop torn lines) in every log."""
+        for name in LOG_FILES:
+            path = self.file(name)
+            if not path.exists():
+                continue
+            kept = [r for r in iter_jsonl(path) if int(r.get("step", -1)) < step]
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    # ------------------------------------------------------------------ status
+    def read_status(self) -> Optional[dict]:
+        try:
+            return json.loads(self.file("status.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def write_status(self, state: str, **fields: Any) -> None:
+        assert state in STATES, state
+        status = self.read_status() or {}
+        status.update(fields, state=state, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        write_atomic(self.file("status.json"), json.dumps(_clean(status), indent=2))
+
+    # ------------------------------------------------------------------ checkpoints
+    def latest_checkpoint(self) -> Optional[Path]:
+        pointer = self.checkpoints / "latest.json"
+        if not pointer.is_file():
+            return None
+        target = self.checkpoints / json.loads(pointer.read_text())["dir"]
+        return target if target.is_dir() else None
+
+    def save_checkpoint(self, step: int, write) -> Path:
+        """`write(dir)` fills a fresh directory; the pointer flips only once it is complete."""
+        name = f"step_{step:07d}"
+        tmp = self.checkpoints / f".tmp_{name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        write(tmp)
+        final = self.checkpoints / name
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        write_atomic(self.checkpoints / "latest.json", json.dumps({"dir": name, "step": step}))
+        for old in self.checkpoints.glob("step_*"):
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def save_best(self, source: Path) -> None:
+        tmp = self.checkpoints / ".tmp_best"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(source, tmp)
+        shutil.rmtree(self.checkpoints / "best", ignore_errors=True)
+        os.replace(tmp, self.checkpoints / "best")

@@ -1,0 +1,185 @@
+"""Models: a tiny Qwen3 built offline from a named size, or a real Qwen3 checkpoint on disk.
+
+Both end up as one directory loaded with `AutoModelForCausalLM/AutoTokenizer.from_pretrained`,
+so the engines never know which they got. Tiny models get a byte-level BPE tokenizer trained
+locally with Qwen's special tokens and chat template, and a supervised warm-up on every role's
+output contract (see harness/warmup.py); the warm checkpoint is cached on disk keyed by
+everything that shapes it, so cells and tests share it. Nothing is downloaded, ever.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, Iterable, Optional, Tuple
+
+from harness.config import CellConfig, ConfigError
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinySize:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    warmup_steps: int
+    warmup_lr: float = 3e-3
+    warmup_batch: int = 32
+    vocab: int = 320
+
+
+@dataclass(frozen=True)
+class CheckpointScale:
+    dirname: str  # under $MARL_MODEL_ROOT unless model.path is given
+
+
+SCALES: Dict[str, object] = {
+    "tiny-s": TinySize(hidden=64, layers=2, heads=4, kv_heads=2, ffn=256, warmup_steps=2000),
+    "tiny-m": TinySize(hidden=128, layers=2, heads=4, kv_heads=2, ffn=512, warmup_steps=1400),
+    "tiny-l": TinySize(hidden=256, layers=4, heads=4, kv_heads=2, ffn=1024, warmup_steps=800),
+    "qwen3-0.6b": CheckpointScale("Qwen3-0.6B"),
+    "qwen3-1.7b": CheckpointScale("Qwen3-1.7B"),
+    "qwen3-4b": CheckpointScale("Qwen3-4B"),
+}
+
+
+def is_tiny(scale: str) -> bool:
+    return isinstance(SCALES[scale], TinySize)
+
+
+def resolve_model_path(cfg: CellConfig) -> Optional[Path]:
+    """The checkpoint directory of a real scale (checked to exist); None for tiny scales."""
+    spec = SCALES[cfg.scale]
+    if isinstance(spec, TinySize):
+        return None
+    if cfg.model.path:
+        path = Path(cfg.model.path).expanduser()
+    elif os.environ.get("MARL_MODEL_ROOT"):
+        path = Path(os.environ["MARL_MODEL_ROOT"]) / spec.dirname
+    else:
+        raise ConfigError(f"scale {cfg.scale} needs a local checkpoint: set model.path=/path/to/{spec.dirname} "
+                          f"or MARL_MODEL_ROOT (no hub download at run time)")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model path {path} for scale {cfg.scale} does not exist or holds no config.json")
+    return path
+
+
+def cache_root(cfg: CellConfig) -> Path:
+    root = cfg.model.cache_dir or os.environ.get("MARL_CACHE") or "~/.cache/marl-harness"
+    return Path(root).expanduser()
+
+
+def build_tokenizer(corpus: Iterable[str], vocab_size: int):
+    """Byte-level BPE with single-digit tokens (as Qwen), Qwen's special tokens and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   padding_side="left")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+_CHAT_CACHE: Dict[int, Tuple[str, str]] = {}
+
+
+def chat_prompt(tokenizer, user_text: str) -> str:
+    """The tokenizer's chat template around one user message, ready for generation.
+
+    The template is rendered once per tokenizer (jinja is slow) and reused as a prefix/suffix."""
+    key = id(tokenizer)
+    if key not in _CHAT_CACHE:
+        marker = "\x00MARKER\x00"
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                                 add_generation_prompt=True)
+        prefix, suffix = rendered.split(marker)
+        _CHAT_CACHE[key] = (prefix, suffix)
+    prefix, suffix = _CHAT_CACHE[key]
+    return f"{prefix}{user_text}{suffix}"
+
+
+def build_tiny_model(size: TinySize, tokenizer, seed: int):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=size.hidden, intermediate_size=size.ffn,
+        num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
+        head_dim=size.hidden // size.heads, max_position_embeddings=512, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
+    )
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(config)
+
+
+def warm_key(cfg: CellConfig, task) -> str:
+    """Everything that shapes the warm checkpoint; the cell's seed is not in it (paired seeds
+    share one base model, as in the seed study)."""
+    from harness.warmup import WARMUP_VERSION
+    from harness.workflows.prompts import resolve_prompts
+
+    size = SCALES[cfg.scale]
+    steps = cfg.model.warmup_steps or size.warmup_steps
+    shape = {k: v for k, v in asdict(size).items() if k != "warmup_steps"}  # steps is keyed on its own
+    payload = {"size": shape, "steps": steps, "task": task.name, "task_cfg": _task_fingerprint(cfg),
+               "prompts": resolve_prompts(dict(cfg.workflow.prompts)), "version": WARMUP_VERSION}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _task_fingerprint(cfg: CellConfig) -> dict:
+    from omegaconf import OmegaConf
+
+    node = getattr(cfg, cfg.task, None)
+    return OmegaConf.to_container(OmegaConf.structured(node)) if node is not None else {}
+
+
+def prepare_model(cfg: CellConfig, task, log=print) -> Path:
+    """The directory to load the cell's base model and tokenizer from (built and warmed if tiny)."""
+    path = resolve_model_path(cfg)
+    if path is not None:
+        return path
+    from harness.warmup import warm_up
+
+    size = SCALES[cfg.scale]
+    target = cache_root(cfg) / f"{cfg.scale}-{warm_key(cfg, task)}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one warm-up per key, even with parallel cells
+        if (target / "warmup.json").is_file():
+            return target
+        log(f"[models] warming up {cfg.scale} on task {task.name} (cached at {target})")
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+        try:
+            warm_up(cfg, size, task, tmp, log=log)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def warm_info(model_dir: Path) -> dict:
+    info = Path(model_dir) / "warmup.json"
+    return json.loads(info.read_text()) if info.is_file() else {}

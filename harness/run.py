@@ -1,0 +1,203 @@
+"""Train one cell: `python -m harness.run topology=voting sharing=ip task=arith scale=tiny-m steps=100 seed=0`.
+
+Lifecycle: validate the config (nothing touches the disk before that), prepare the base model,
+take the cell's lock, resume from the last checkpoint if there is one, train with a progress
+bar, checkpoint every `ckpt_every` steps, and mark the run finished. A finished cell is left
+alone; a failed one records why in status.json.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from omegaconf import OmegaConf
+
+from harness.config import CellConfig, ConfigError, default_cell_id, register_configs, validate
+from harness.logging import RunDir, write_atomic
+
+EXIT_BAD_INPUT = 2
+EXIT_LOCKED = 3
+# keys that may differ between the stored and the requested config of the same run dir
+RESUMABLE_KEYS = ("steps", "progress", "root")
+
+
+def load_config(overrides: Sequence[str]) -> CellConfig:
+    """Compose the cell config from CLI overrides with Hydra; raise ConfigError on any mistake."""
+    from hydra import compose, initialize
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_configs()
+    try:
+        with initialize(version_base=None, config_path=None):
+            composed = compose(config_name="cell", overrides=list(overrides))
+        cfg: CellConfig = OmegaConf.to_object(composed)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(_override_error(exc)) from None
+    if not cfg.cell_id:
+        cfg.cell_id = default_cell_id(cfg)
+    validate(cfg)
+    return cfg
+
+
+def _override_error(exc: BaseException) -> str:
+    """Hydra's message, its cause, and the valid keys of the config node the override missed."""
+    lines = [str(exc).splitlines()[0] if str(exc) else type(exc).__name__]
+    cause = str(exc.__cause__ or "")
+    if cause:
+        lines[0] += f": {cause.splitlines()[0]}"
+    match = re.search(r"full_key: (\S+)", cause)
+    if match and " not in " in cause:  # an unknown key: say which keys exist there
+        parent = match.group(1).rpartition(".")[0]
+        node = OmegaConf.select(OmegaConf.structured(CellConfig), parent) if parent else OmegaConf.structured(CellConfig)
+        if node is not None and hasattr(node, "keys"):
+            lines.append(f"  valid keys{' of ' + parent if parent else ''}: {', '.join(map(str, node.keys()))}")
+    return "bad override: " + "\n".join(lines)
+
+
+def run_dir_of(cfg: CellConfig) -> RunDir:
+    return RunDir(Path(cfg.root) / cfg.sweep / cfg.cell_id)
+
+
+def _config_mismatch(stored: dict, requested: dict) -> List[str]:
+    keys = (set(stored) | set(requested)) - set(RESUMABLE_KEYS)
+    return sorted(k for k in keys if stored.get(k) != requested.get(k))
+
+
+def run_cell(cfg: CellConfig, log=print) -> str:
+    """Train (or resume) the cell; returns its final state. Raises on failure after recording it."""
+    import torch
+
+    from harness.controller import Controller, sample_records
+    from harness.engines.local import LocalEngine
+    from harness.models import prepare_model, warm_info
+    from harness.sharing import PolicyMap
+    from harness.tasks import build_task
+    from harness.workflows import build_workflow
+
+    run_dir = run_dir_of(cfg)
+    requested = OmegaConf.to_container(OmegaConf.structured(cfg))
+    status = run_dir.read_status()
+    if run_dir.file("cell.yaml").is_file():
+        stored = OmegaConf.to_container(OmegaConf.load(run_dir.file("cell.yaml")))
+        differing = _config_mismatch(stored, requested)
+        if differing:
+            raise ConfigError(f"{run_dir.path} holds a run with a different config ({', '.join(differing)}); "
+                              f"choose another sweep= or cell_id=")
+    if status and status.get("state") in ("finished", "stopped_early") and status.get("step", 0) >= cfg.steps:
+        log(f"cell {cfg.cell_id} already {status['state']} at step {status['step']} ({run_dir.path}); nothing to do")
+        return status["state"]
+
+    task = build_task(cfg)
+    workflow = build_workflow(cfg, task)
+    policy_map = PolicyMap.from_config(cfg, workflow.role_instances())
+    model_dir = prepare_model(cfg, task, log=log)
+
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    lock = open(run_dir.file(".lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ConfigError(f"cell {cfg.cell_id} is already running ({run_dir.path}.lock held)") from None
+    run_dir.create()
+    write_atomic(run_dir.file("cell.yaml"), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    engine = LocalEngine(model_dir, policy_map.policies, cfg, seed=cfg.seed)
+    controller = Controller(cfg, task, workflow, policy_map, engine)
+    start, best = 0, -1.0
+    checkpoint = run_dir.latest_checkpoint()
+    if checkpoint is not None:
+        engine.load(checkpoint)
+        state = OmegaConf.to_container(OmegaConf.load(checkpoint / "trainer.yaml"))
+        start, best = int(state["step"]), float(state["best_val"])
+        log(f"resuming {cfg.cell_id} from step {start}")
+    run_dir.truncate_from(start)
+    run_dir.write_status("running", step=start, cell_id=cfg.cell_id, pid=os.getpid(), host=os.uname().nodename,
+                         policies={p: [f"{r}:{i}" for r, i in policy_map.members(p)] for p in policy_map.policies},
+                         model_dir=str(model_dir), warmup=warm_info(model_dir), reason=None)
+
+    def save(step: int, best_val: float) -> Path:
+        def write(directory: Path) -> None:
+            engine.save(directory)
+            (directory / "trainer.yaml").write_text(OmegaConf.to_yaml({"step": step, "best_val": best_val}))
+        return run_dir.save_checkpoint(step, write)
+
+    bar = _progress(cfg, start)
+    try:
+        for step in range(start, cfg.steps):
+            result = controller.train_step(step)
+            metrics = {"step": step, **result.metrics}
+            if step % cfg.val_every == 0 or step == cfg.steps - 1:
+                metrics.update(controller.validate(step))
+            run_dir.append("metrics.jsonl", metrics)
+            if cfg.samples_every and (step % cfg.samples_every == 0 or step == cfg.steps - 1):
+                for record in sample_records(step, result.episodes, n=2):
+                    run_dir.append("samples.jsonl", record)
+            improved = metrics.get("val/accuracy", -1.0) > best
+            best = max(best, metrics.get("val/accuracy", -1.0))
+            if (step + 1) % cfg.ckpt_every == 0 or step == cfg.steps - 1 or improved:
+                latest = save(step + 1, best)
+                if improved:
+                    run_dir.save_best(latest)
+                run_dir.write_status("running", step=step + 1)
+            _advance(bar, metrics, workflow)
+    except BaseException as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        run_dir.write_status("failed", reason=reason, traceback=traceback.format_exc()[-4000:])
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        lock.close()
+    run_dir.write_status("finished", step=cfg.steps, best_val=best, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    log(f"cell {cfg.cell_id} finished: {run_dir.path}")
+    return "finished"
+
+
+def _progress(cfg: CellConfig, start: int):
+    if not cfg.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, initial=start, desc=cfg.cell_id, dynamic_ncols=True, file=sys.stderr)
+
+
+def _advance(bar, metrics: dict, workflow) -> None:
+    if bar is None:
+        return
+    postfix = {"reward": f"{metrics.get('reward/mean', 0):.2f}"}
+    if "val/accuracy" in metrics:
+        postfix["val"] = f"{metrics['val/accuracy']:.2f}"
+    for role in workflow.roles():
+        length = metrics.get(f"role/{role.name}/response_length")
+        if length is not None:
+            postfix[f"len_{role.name}"] = f"{length:.1f}"
+    bar.set_postfix(postfix, refresh=False)
+    bar.update(1)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        register_configs()
+        print(__doc__)
+        print(OmegaConf.to_yaml(OmegaConf.structured(CellConfig)))
+        return 0
+    try:
+        cfg = load_config(argv)
+        run_cell(cfg)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

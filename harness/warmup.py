@@ -1,0 +1,150 @@
+"""Supervised warm-up of a tiny model on every role's output contract.
+
+A random tiny model cannot follow a prompt, and RL from it gets no reward signal. The warm-up
+teaches each role its format from the task's training split: answer roles answer, the
+evaluator says ACCEPT or 'REVISE: <feedback>', the aggregator names an index, the orchestrator
+lists subtasks, workers solve one, the synthesizer combines. Role demonstrations are
+deliberately imperfect (the aggregator picks the right candidate 60% of the time, the
+evaluator's verdict is right 70% of the time, plans are wrong 20% of the time) so RL has room to
+improve every role. Seeded: the same config gives the same warm checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Callable, List, Tuple
+
+import torch
+
+from harness.models import chat_prompt
+from harness.tasks import Problem, Task, WarmupSupport
+from harness.workflows.contracts import ACCEPT, REVISE
+from harness.workflows.prompts import resolve_prompts
+
+WARMUP_VERSION = 1
+WARMUP_SEED = 0
+Demo = Tuple[str, str]  # (user prompt, assistant response)
+
+VERDICT_ACCURACY = 0.7
+PICK_ACCURACY = 0.6
+VOTER_ACCURACY = 0.4
+PLAN_ACCURACY = 0.8
+WORKER_ACCURACY = 0.7
+
+
+def role_demonstration(task: Task, prompts: dict, problem: Problem, rng: random.Random) -> Demo:
+    """One demonstration of a randomly chosen role action."""
+    assert isinstance(task, WarmupSupport), f"task {task.name} has no warm-up support"
+    q, answer = problem.question, problem.answer
+    kind = rng.choice(["solver", "generator", "voter", "generator_revise", "evaluator", "aggregator",
+                       "orchestrator", "worker", "synthesizer", "solver", "voter", "worker"])
+    if kind in ("solver", "generator", "voter"):
+        return prompts[kind].format(question=q), answer
+    if kind == "generator_revise":
+        draft = task.wrong_answer(problem, rng)
+        return prompts[kind].format(question=q, draft=draft, feedback=task.direction(problem, draft)), answer
+    if kind == "evaluator":
+        draft = answer if rng.random() < 0.5 else task.wrong_answer(problem, rng)
+        right = rng.random() < VERDICT_ACCURACY
+        accept = (draft == answer) == right
+        if accept:
+            return prompts[kind].format(question=q, draft=draft), ACCEPT
+        feedback = task.direction(problem, draft) if draft != answer else rng.choice(task.feedback_vocabulary())
+        return prompts[kind].format(question=q, draft=draft), f"{REVISE}: {feedback}"
+    if kind == "aggregator":
+        n = rng.randint(2, 5)
+        votes = [answer if rng.random() < VOTER_ACCURACY else task.wrong_answer(problem, rng) for _ in range(n)]
+        good = [i for i, v in enumerate(votes) if v == answer]
+        pick = rng.choice(good) if good and rng.random() < PICK_ACCURACY else rng.randrange(n)
+        candidates = "\n".join(f"{i}: {v}" for i, v in enumerate(votes))
+        return prompts[kind].format(question=q, candidates=candidates), str(pick)
+    subtasks = task.decompose(problem)
+    if kind == "orchestrator":
+        plan = subtasks if rng.random() < PLAN_ACCURACY else _bad_plan(subtasks, q, rng)
+        return prompts[kind].format(question=q), "; ".join(plan)
+    if kind == "worker":
+        subtask = rng.choice(subtasks)
+        return prompts[kind].format(subtask=subtask), task.solve_subtask(subtask)
+    results = [task.solve_subtask(s) if rng.random() < WORKER_ACCURACY else task.wrong_answer(problem, rng)
+               for s in subtasks]
+    return prompts["synthesizer"].format(question=q, results="; ".join(results)), task.combine(problem, results)
+
+
+def _bad_plan(subtasks: List[str], question: str, rng: random.Random) -> List[str]:
+    if len(subtasks) > 1:
+        return subtasks[:1]  # drops part of the problem
+    return [question, question]  # solves the same thing twice
+
+
+def encode_demo(tokenizer, prompt: str, response: str) -> Tuple[List[int], List[int]]:
+    prompt_ids = tokenizer(chat_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+    response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt_ids, response_ids
+
+
+def _batch(tokenizer, demos: List[Demo]):
+    rows = [encode_demo(tokenizer, p, r) for p, r in demos]
+    width = max(len(p) + len(r) for p, r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, (p, r) in enumerate(rows):
+        ids[b, : len(p) + len(r)] = torch.tensor(p + r)
+        labels[b, len(p): len(p) + len(r)] = torch.tensor(r)
+        attention[b, : len(p) + len(r)] = 1
+    return ids, labels, attention
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tokenizer, task: Task, prompt_template: str, problems: List[Problem],
+                    max_new_tokens: int = 8) -> float:
+    texts = [chat_prompt(tokenizer, prompt_template.format(question=p.question)) for p in problems]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    replies = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return sum(task.grade(p, r).correct for p, r in zip(problems, replies)) / len(problems)
+
+
+def warm_up(cfg, size, task: Task, out_dir: Path, log: Callable[[str], None] = print) -> dict:
+    """Build tokenizer + tiny model, train on role demonstrations, save to out_dir."""
+    from harness.models import build_tiny_model, build_tokenizer
+
+    started = time.time()
+    prompts = resolve_prompts(dict(cfg.workflow.prompts))
+    rng = random.Random(WARMUP_SEED)
+    train = task.problems("train")
+    corpus_demos = [role_demonstration(task, prompts, rng.choice(train), rng) for _ in range(4000)]
+    corpus = [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n{r}<|im_end|>" for p, r in corpus_demos]
+    tokenizer = build_tokenizer(corpus, size.vocab)
+    model = build_tiny_model(size, tokenizer, seed=WARMUP_SEED)
+    steps = cfg.model.warmup_steps or size.warmup_steps
+    optimizer = torch.optim.AdamW(model.parameters(), lr=size.warmup_lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+    model.train()
+    torch.manual_seed(WARMUP_SEED)
+    for step in range(steps):
+        ids, labels, attention = _batch(tokenizer, [role_demonstration(task, prompts, rng.choice(train), rng)
+                                                    for _ in range(size.warmup_batch)])
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % 500 == 0 or step == steps - 1:
+            log(f"[warmup] step {step}/{steps} loss {loss.item():.3f}")
+    model.eval()
+    val = task.problems("val")[:128]
+    info = {"steps": steps, "final_loss": loss.item(), "seconds": round(time.time() - started, 1),
+            "solver_greedy_accuracy": greedy_accuracy(model, tokenizer, task, prompts["solver"], val),
+            "params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer)}
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "warmup.json").write_text(json.dumps(info, indent=2))
+    log(f"[warmup] done in {info['seconds']} s: solver greedy accuracy {info['solver_greedy_accuracy']:.2f}")
+    return info

@@ -1,0 +1,30 @@
+"""Evaluator-optimizer: the generator drafts, the evaluator says ACCEPT or REVISE with feedback,
+the generator revises; at most `max_iterations` drafts, each judged once."""
+from __future__ import annotations
+
+from harness.workflows.base import Agents, Episode, RoleSpec, Workflow
+from harness.workflows.contracts import ACCEPT, parse_verdict
+
+
+class EvalOpt(Workflow):
+    name = "eval_opt"
+
+    def roles(self):
+        return [RoleSpec("generator", "answer"), RoleSpec("evaluator", "verdict")]
+
+    async def episode(self, problem, agents: Agents) -> Episode:
+        question = problem.question
+        draft = await agents.ask("generator", 0, question=question)
+        vocabulary = getattr(self.task, "feedback_vocabulary", lambda: [])()
+        for iteration in range(self.cfg.max_iterations):
+            draft_correct = self.mark_answer(draft, problem).correct
+            judgement = await agents.ask("evaluator", 0, question=question, draft=self.answer_of(draft))
+            verdict = parse_verdict(judgement.text, vocabulary)
+            judgement.malformed = verdict.malformed
+            judgement.role_correct = (not verdict.malformed) and ((verdict.verdict == ACCEPT) == draft_correct)
+            if verdict.verdict == ACCEPT or iteration == self.cfg.max_iterations - 1:
+                break
+            draft = await agents.ask("generator", 0, "generator_revise", question=question,
+                                     draft=self.answer_of(draft), feedback=verdict.feedback or "none")
+        grade = self.task.grade(problem, draft.text)
+        return Episode(problem, agents.turns, draft.text, grade)

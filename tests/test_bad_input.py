@@ -1,0 +1,43 @@
+"""Bad input: one readable error naming the valid choices, non-zero exit, no run directory."""
+import subprocess
+
+import pytest
+
+from harness.run import EXIT_BAD_INPUT, main
+from tests.conftest import REPO, python_cmd
+
+CASES = [
+    (["topology=star"], "unknown topology 'star'; valid choices: single, eval_opt, voting, orch_workers"),
+    (["sharing=half"], "unknown sharing mode 'half'; valid choices: sp, ip, ip_instance, custom"),
+    (["task=chess"], "unknown task 'chess'; valid choices: arith"),
+    (["scale=huge"], "unknown scale 'huge'; valid choices: tiny-s, tiny-m, tiny-l, qwen3-0.6b"),
+    (["steps=many"], "bad override"),
+    (["stepz=3"], "valid keys: topology, sharing, task"),
+    (["algo.lrr=3"], "valid keys of algo: problems_per_step"),
+    (["topology"], "bad override: Error parsing override 'topology'"),
+    (["algo.loss_agg=sum"], "valid choices: token-mean, seq-mean-token-mean, role-balanced"),
+    (["algo.group_size=1"], "group_size must be >= 2"),
+    (["scale=qwen3-0.6b", "model.path=/nonexistent/Qwen3-0.6B"], "/nonexistent/Qwen3-0.6B"),
+    (["scale=qwen3-4b"], "needs a local checkpoint"),
+    (["sharing=ip", "sharing_cfg.full_finetune=true"], "needs sharing=sp"),
+    (["workflow.prompts.judge=x"], "valid keys of workflow.prompts: solver, generator"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", CASES)
+def test_bad_input_in_process(tmp_path, capsys, monkeypatch, overrides, message):
+    monkeypatch.delenv("MARL_MODEL_ROOT", raising=False)
+    root = tmp_path / "runs"
+    assert main([f"root={root}", *overrides]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+    assert not root.exists()
+
+
+def test_bad_input_from_the_command_line(tmp_path):
+    root = tmp_path / "runs"
+    proc = subprocess.run(python_cmd() + [f"root={root}", "topology=star"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == EXIT_BAD_INPUT
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: unknown topology 'star'")
+    assert "Traceback" not in proc.stderr and not root.exists()

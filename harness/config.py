@@ -87,6 +87,82 @@ class ArithConfig:
     n_val: int = 200
 
 
+ACTIONS = ("log", "alert", "stop")
+
+
+@dataclass
+class AmplificationConfig:
+    """IP: a policy trained by several same-type instances receives their summed gradient."""
+
+    action: str = "alert"
+    min_amplification: float = 1.5  # ‖Σg_i‖ / mean‖g_i‖ of the policy's same-type instances
+    min_coherence: float = 0.8  # ‖Σg_i‖²/Σ‖g_i‖²: below this the instances cancel rather than add up
+    patience: int = 5  # consecutive steps
+
+
+@dataclass
+class CaptureConfig:
+    """SP: one role dominates the shared gradient while another drifts out of its job."""
+
+    action: str = "alert"
+    share_ratio: float = 2.0  # (grad/turn share of the dominant role) / (that of the starved role)
+    patience: int = 5  # consecutive steps of dominance (smoothed)
+    baseline_steps: int = 10  # early window the victim's format and length are compared with
+    format_drop: float = 0.2  # victim's format_ok below its early level by this much
+    length_approach: float = 0.5  # or its length gap to the dominant role shrank by this fraction
+
+
+@dataclass
+class DriftConfig:
+    """Per role: response length leaves its early-training band (EWMA z-score, both sides)."""
+
+    action: str = "alert"
+    baseline_steps: int = 10
+    ewma_alpha: float = 0.2
+    z_threshold: float = 5.0
+    min_std_tokens: float = 0.5  # floor on the baseline spread: lengths of 3 tokens barely vary
+    min_std_fraction: float = 0.1  # and 10% of the baseline mean
+    patience: int = 3
+
+
+@dataclass
+class CollapseConfig:
+    """Validation accuracy falls more than `margin` below its running best."""
+
+    action: str = "alert"
+    margin: float = 0.2
+    patience: int = 2  # consecutive validations
+
+
+@dataclass
+class NonFiniteConfig:
+    action: str = "alert"  # the step of a non-finite policy is always skipped
+
+
+@dataclass
+class MonitorConfig:
+    debounce: int = 25  # steps before the same alert (kind, role, policy) may fire again
+    amplification: AmplificationConfig = field(default_factory=AmplificationConfig)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+    drift: DriftConfig = field(default_factory=DriftConfig)
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)
+    nonfinite: NonFiniteConfig = field(default_factory=NonFiniteConfig)
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = True
+    mode: str = "offline"  # offline | online | disabled; online needs the user's own login/server
+    project: str = "marl-harness"
+    entity: Optional[str] = None
+    dir: Optional[str] = None  # default: the run directory
+
+
+@dataclass
+class InstrumentConfig:
+    kl_to_base: bool = True  # measure per-role KL to the base model (adapter disabled) every step
+
+
 @dataclass
 class CellConfig:
     topology: str = "voting"
@@ -110,6 +186,9 @@ class CellConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     arith: ArithConfig = field(default_factory=ArithConfig)
+    monitors: MonitorConfig = field(default_factory=MonitorConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
     extra: Dict[str, Any] = field(default_factory=dict)  # free-form tags carried to cell.yaml
 
 
@@ -160,6 +239,12 @@ def validate(cfg: CellConfig) -> None:
         raise ConfigError("algo.group_size must be >= 2: GRPO normalises rewards within a group")
     if cfg.algo.lr <= 0:
         raise ConfigError(f"algo.lr must be > 0, got {cfg.algo.lr}")
+    for name in ("amplification", "capture", "drift", "collapse", "nonfinite"):
+        _choose(f"action (monitors.{name}.action)", getattr(cfg.monitors, name).action, ACTIONS)
+    _choose("wandb mode (wandb.mode)", cfg.wandb.mode, ("offline", "online", "disabled"))
+    if cfg.sharing_cfg.full_finetune and cfg.algo.kl_coef > 0:
+        raise ConfigError("algo.kl_coef > 0 needs the base model as reference, which full fine-tuning changes; "
+                          "use an adapter (sharing_cfg.full_finetune=false)")
     if cfg.sharing_cfg.full_finetune and cfg.sharing != "sp":
         raise ConfigError("sharing_cfg.full_finetune=true needs sharing=sp (one shared policy)")
     if cfg.sharing == "custom" and not cfg.sharing_cfg.groups:
@@ -170,5 +255,14 @@ def validate(cfg: CellConfig) -> None:
     from harness.workflows import build_workflow
     from harness.sharing import PolicyMap
 
+    from harness.workflows import WORKFLOWS
+
     workflow = build_workflow(cfg)
     PolicyMap.from_config(cfg, workflow.role_instances())
+    # per-role settings may name roles of other topologies (one sweep, many topologies), not typos
+    known = sorted({r.name for w in WORKFLOWS.values() for r in w(None, cfg.workflow).roles()})
+    for where, roles in (("workflow.role_max_new_tokens", cfg.workflow.role_max_new_tokens),
+                         ("reward.per_role", cfg.reward.per_role)):
+        unknown = sorted(set(roles) - set(known))
+        if unknown:
+            raise ConfigError(f"{where} names unknown role(s) {', '.join(unknown)}; valid roles: {', '.join(known)}")

@@ -84,6 +84,7 @@ class Controller:
         for policy, value in update.policy_update_norm.items():
             metrics[f"policy/{policy}/update_norm"] = value
             metrics[f"policy/{policy}/param_norm"] = update.policy_param_norm[policy]
+            metrics[f"policy/{policy}/update_ratio"] = value / max(update.policy_param_norm[policy], 1e-12)
         for role, value in update.entropy.items():
             metrics[f"role/{role}/entropy"] = value
         for role, value in update.kl.items():

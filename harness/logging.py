@@ -133,3 +133,85 @@ class RunDir:
         shutil.copytree(source, tmp)
         shutil.rmtree(self.checkpoints / "best", ignore_errors=True)
         os.replace(tmp, self.checkpoints / "best")
+
+
+# ---------------------------------------------------------------------- wandb
+def wandb_key(key: str) -> str:
+    """'role/voter/grad_norm' -> 'role:voter/grad_norm' (and 'val/role/voter/x' -> 'val:role:voter/x'):
+    wandb groups panels by the text before the first '/', so each role and policy gets a section."""
+    parts = key.split("/")
+    prefix = ["val"] if parts[0] == "val" else []
+    rest = parts[len(prefix):]
+    if len(rest) >= 3 and rest[0] in ("role", "policy"):
+        return ":".join(prefix + rest[:2]) + "/" + "/".join(rest[2:])
+    return key
+
+
+class WandbSink:
+    """One wandb run per cell (group = sweep, tags = axis values); offline unless configured.
+    The JSONL run directory stays the source of truth: this is a mirror for the wandb UI."""
+
+    def __init__(self, cfg, run_dir: RunDir):
+        import wandb
+
+        self._wandb = wandb
+        os.environ.setdefault("WANDB_SILENT", "true")
+        tags = [f"topology:{cfg.topology}", f"scale:{cfg.scale}", f"task:{cfg.task}", f"sharing:{cfg.sharing}",
+                f"seed:{cfg.seed}"]
+        from omegaconf import OmegaConf
+
+        self.run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, group=cfg.sweep,
+                              name=cfg.cell_id, id=_wandb_id(cfg), resume="allow", tags=tags,
+                              config=OmegaConf.to_container(OmegaConf.structured(cfg)), mode=cfg.wandb.mode,
+                              dir=str(cfg.wandb.dir or run_dir.path), reinit="finish_previous",
+                              settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+
+    def log(self, record: Dict[str, Any]) -> None:
+        values = {wandb_key(k): v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
+        self.run.log(values, step=int(record["step"]))
+
+    def alert(self, alert) -> None:
+        level = self._wandb.AlertLevel.ERROR if alert.action == "stop" else self._wandb.AlertLevel.WARN
+        self.run.alert(title=f"{alert.kind} (step {alert.step})", text=alert.message, level=level, wait_duration=0)
+        self.run.summary[f"alerts/{alert.kind}"] = self.run.summary.get(f"alerts/{alert.kind}", 0) + 1
+
+    def finish(self, state: str) -> None:
+        self.run.summary["state"] = state
+        self.run.finish(exit_code=0 if state in ("finished", "stopped_early") else 1)
+
+
+def _wandb_id(cfg) -> str:
+    import hashlib
+
+    return hashlib.sha1(f"{cfg.root}|{cfg.sweep}|{cfg.cell_id}".encode()).hexdigest()[:16]
+
+
+def read_wandb_offline(path: Path) -> Iterator[Any]:
+    """The records of an offline `run-*.wandb` file (LevelDB log format, protobuf records):
+    lets tests and tools check what a cell sent to wandb without a server."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    block = 32768
+    data = Path(path).read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{path} is not a wandb transaction log")
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        left = block - (pos % block)
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if length == 0 and kind == 0:
+            pos += left
+            continue
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending + chunk)
+            pending = b""
+            yield record
+        else:  # first or middle piece
+            pending = pending + chunk if kind == 3 else chunk

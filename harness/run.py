@@ -48,7 +48,8 @@ def load_config(overrides: Sequence[str]) -> CellConfig:
 
 def _override_error(exc: BaseException) -> str:
     """Hydra's message, its cause, and the valid keys of the config node the override missed."""
-    lines = [str(exc).splitlines()[0] if str(exc) else type(exc).__name__]
+    text = str(exc).splitlines() or [type(exc).__name__]
+    lines = [text[0]]
     cause = str(exc.__cause__ or "")
     if cause:
         lines[0] += f": {cause.splitlines()[0]}"
@@ -58,6 +59,7 @@ def _override_error(exc: BaseException) -> str:
         node = OmegaConf.select(OmegaConf.structured(CellConfig), parent) if parent else OmegaConf.structured(CellConfig)
         if node is not None and hasattr(node, "keys"):
             lines.append(f"  valid keys{' of ' + parent if parent else ''}: {', '.join(map(str, node.keys()))}")
+    lines += [f"  {line}" for line in text[1:] if line.startswith("To append")]  # a new key in a dict
     return "bad override: " + "\n".join(lines)
 
 
@@ -76,6 +78,8 @@ def run_cell(cfg: CellConfig, log=print) -> str:
 
     from harness.controller import Controller, sample_records
     from harness.engines.local import LocalEngine
+    from harness.logging import WandbSink
+    from harness.monitors import Monitor, stop_reason
     from harness.models import prepare_model, warm_info
     from harness.sharing import PolicyMap
     from harness.tasks import build_task
@@ -90,7 +94,9 @@ def run_cell(cfg: CellConfig, log=print) -> str:
         if differing:
             raise ConfigError(f"{run_dir.path} holds a run with a different config ({', '.join(differing)}); "
                               f"choose another sweep= or cell_id=")
-    if status and status.get("state") in ("finished", "stopped_early") and status.get("step", 0) >= cfg.steps:
+    done = status and (status.get("state") == "stopped_early"
+                       or (status.get("state") == "finished" and status.get("step", 0) >= cfg.steps))
+    if done:
         log(f"cell {cfg.cell_id} already {status['state']} at step {status['step']} ({run_dir.path}); nothing to do")
         return status["state"]
 
@@ -119,9 +125,26 @@ def run_cell(cfg: CellConfig, log=print) -> str:
         start, best = int(state["step"]), float(state["best_val"])
         log(f"resuming {cfg.cell_id} from step {start}")
     run_dir.truncate_from(start)
+    role_policies = {role.name: sorted({policy_map.policy_of(role.name, i) for i in range(role.instances)})
+                     for role in workflow.roles()}
+    monitor = Monitor(cfg.monitors, role_policies)
+    monitor.replay(run_dir.records("metrics.jsonl"))
+    alert_counts: dict = {}
+    for record in run_dir.records("alerts.jsonl"):
+        alert_counts[record["kind"]] = alert_counts.get(record["kind"], 0) + 1
+    sink = WandbSink(cfg, run_dir) if cfg.wandb.enabled and cfg.wandb.mode != "disabled" else None
     run_dir.write_status("running", step=start, cell_id=cfg.cell_id, pid=os.getpid(), host=os.uname().nodename,
                          policies={p: [f"{r}:{i}" for r, i in policy_map.members(p)] for p in policy_map.policies},
-                         model_dir=str(model_dir), warmup=warm_info(model_dir), reason=None)
+                         model_dir=str(model_dir), warmup=warm_info(model_dir), reason=None, alerts=alert_counts)
+
+    def emit(alert) -> None:
+        run_dir.append("alerts.jsonl", alert.record())
+        alert_counts[alert.kind] = alert_counts.get(alert.kind, 0) + 1
+        if alert.action != "log":
+            log(f"[alert] step {alert.step} {alert.kind}: {alert.message}")
+            if sink is not None:
+                sink.alert(alert)
+        run_dir.write_status("running", alerts=alert_counts, last_alert=alert.message)
 
     def save(step: int, best_val: float) -> Path:
         def write(directory: Path) -> None:
@@ -130,6 +153,7 @@ def run_cell(cfg: CellConfig, log=print) -> str:
         return run_dir.save_checkpoint(step, write)
 
     bar = _progress(cfg, start)
+    state, reason, step = "finished", None, start - 1
     try:
         for step in range(start, cfg.steps):
             result = controller.train_step(step)
@@ -140,25 +164,38 @@ def run_cell(cfg: CellConfig, log=print) -> str:
             if cfg.samples_every and (step % cfg.samples_every == 0 or step == cfg.steps - 1):
                 for record in sample_records(step, result.episodes, n=2):
                     run_dir.append("samples.jsonl", record)
+            if sink is not None:
+                sink.log(metrics)
+            alerts = monitor.observe(metrics)
+            for alert in alerts:
+                emit(alert)
+            reason = stop_reason(alerts)
             improved = metrics.get("val/accuracy", -1.0) > best
             best = max(best, metrics.get("val/accuracy", -1.0))
-            if (step + 1) % cfg.ckpt_every == 0 or step == cfg.steps - 1 or improved:
+            if (step + 1) % cfg.ckpt_every == 0 or step == cfg.steps - 1 or improved or reason:
                 latest = save(step + 1, best)
                 if improved:
                     run_dir.save_best(latest)
                 run_dir.write_status("running", step=step + 1)
             _advance(bar, metrics, workflow)
+            if reason:
+                state = "stopped_early"
+                break
     except BaseException as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-        run_dir.write_status("failed", reason=reason, traceback=traceback.format_exc()[-4000:])
+        run_dir.write_status("failed", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-4000:])
+        if sink is not None:
+            sink.finish("failed")
         raise
     finally:
         if bar is not None:
             bar.close()
         lock.close()
-    run_dir.write_status("finished", step=cfg.steps, best_val=best, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    log(f"cell {cfg.cell_id} finished: {run_dir.path}")
-    return "finished"
+    run_dir.write_status(state, step=step + 1 if state == "stopped_early" else cfg.steps, best_val=best,
+                         reason=reason, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    if sink is not None:
+        sink.finish(state)
+    log(f"cell {cfg.cell_id} {state}{' (' + reason + ')' if reason else ''}: {run_dir.path}")
+    return state
 
 
 def _progress(cfg: CellConfig, start: int):
@@ -185,6 +222,9 @@ def _advance(bar, metrics: dict, workflow) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # a cell process owns its wandb service: an inherited one (a parent that used wandb) would keep
+    # a killed attempt's run open and refuse the resumed attempt ("run ID is in use")
+    os.environ.pop("WANDB_SERVICE", None)
     if argv and argv[0] in ("-h", "--help"):
         register_configs()
         print(__doc__)

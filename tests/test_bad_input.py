@@ -20,6 +20,9 @@ CASES = [
     (["scale=qwen3-0.6b", "model.path=/nonexistent/Qwen3-0.6B"], "/nonexistent/Qwen3-0.6B"),
     (["scale=qwen3-4b"], "needs a local checkpoint"),
     (["sharing=ip", "sharing_cfg.full_finetune=true"], "needs sharing=sp"),
+    (["+reward.per_role.agregator.length=1"], "unknown role(s) agregator; valid roles: aggregator"),
+    (["monitors.drift.action=panic"], "valid choices: log, alert, stop"),
+    (["workflow.role_max_new_tokens.aggregator=24"], "To append to your config use +workflow.role_max_new_tokens"),
     (["workflow.prompts.judge=x"], "valid keys of workflow.prompts: solver, generator"),
 ]
 

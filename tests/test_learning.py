@@ -20,3 +20,5 @@ def test_reward_rises_over_100_steps(tmp_path, warm_model_dir, topology, sharing
     first, last = mean(rewards[:20]), mean(rewards[-20:])
     print(f"{topology}+{sharing}: reward first 20 {first:.3f}, last 20 {last:.3f}")
     assert last - first >= MARGIN, (first, last)
+    if topology == "single":  # a clean baseline raises no alert
+        assert read_jsonl(run_dir_of(cfg).file("alerts.jsonl")) == []

@@ -105,12 +105,13 @@ class LocalEngine:
         log_prob, mask, entropy, ids, attention = self._log_probs(batch)
         advantages = torch.tensor([[t.advantage] for t in batch], dtype=torch.float32)
         loss_mat = ppo_clip_loss(log_prob, log_prob.detach(), advantages, algo.clip_ratio)  # one on-policy step
-        if algo.kl_coef > 0:
+        if algo.kl_coef > 0 or (self.cfg.instrument.kl_to_base and not self.full_finetune):
             with torch.no_grad(), self.model.disable_adapter():
                 ref_logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
                 ref = torch.log_softmax(ref_logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
             kl = kl_to_reference(log_prob, ref)
-            loss_mat = loss_mat + algo.kl_coef * kl
+            if algo.kl_coef > 0:
+                loss_mat = loss_mat + algo.kl_coef * kl
             stats["kl"][role] += float((kl.detach() * mask).sum())
         stats["entropy"][role] += float((entropy * mask).sum())
         stats["tokens"][role] += float(mask.sum())
@@ -163,7 +164,7 @@ class LocalEngine:
             optimizer.zero_grad(set_to_none=True)
         tokens = stats["tokens"]
         result.entropy = {r: stats["entropy"][r] / tokens[r] for r in tokens if tokens[r]}
-        if algo.kl_coef > 0:
+        if stats["kl"]:
             result.kl = {r: stats["kl"][r] / tokens[r] for r in tokens if tokens[r]}
         return result
 

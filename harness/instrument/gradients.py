@@ -5,7 +5,9 @@ own disjoint parameters), so instances on different policies are orthogonal by c
     role grad norm   ‖Σ_{i∈role} g_i‖
     grad share       g_role·g_total / ‖g_total‖²       (shares of all roles sum to 1)
     coherence        ‖Σ_{i∈S} g_i‖² / Σ_{i∈S} ‖g_i‖²   (≈1 orthogonal, ≈n aligned; n same-type instances)
-    amplification    ‖Σ_{i∈role} g_i‖ / mean_i ‖g_i‖   (how much faster than one instance the role pushes)
+    amplification    max over policies P of ‖Σ_{i∈role∩P} g_i‖ / mean_{i∈role∩P} ‖g_i‖: how much harder
+                     than one instance the role's same-type instances push the policy they share
+                     (1 when every instance has its own policy; sqrt(n) orthogonal; n aligned)
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ def gradient_metrics(probe: GradientProbe) -> Dict[str, float]:
     role_dot_total: Dict[str, float] = defaultdict(float)
     role_self: Dict[str, float] = defaultdict(float)  # Σ ‖g_i‖²
     role_norms: Dict[str, list] = defaultdict(list)
+    role_amplification: Dict[str, float] = defaultdict(float)
+    role_instances_per_policy: Dict[str, int] = defaultdict(int)
     total_sq = 0.0
     for policy, pg in probe.policies.items():
         gram = pg.gram
@@ -36,7 +40,15 @@ def gradient_metrics(probe: GradientProbe) -> Dict[str, float]:
             role_sq[role] += float(gram[idx][:, idx].sum())
             role_dot_total[role] += float(gram[idx].sum())
             role_self[role] += float(gram.diag()[idx].sum())
-            role_norms[role] += [math.sqrt(max(float(gram[k, k]), 0.0)) for k in idx]
+            norms = [math.sqrt(max(float(gram[k, k]), 0.0)) for k in idx]
+            role_norms[role] += norms
+            # only instances that pushed at all: an all-zero-advantage slot would halve the mean
+            active = [k for k, n in zip(idx, norms) if n > 0]
+            if active:
+                summed = math.sqrt(max(float(gram[active][:, active].sum()), 0.0))
+                mean_single = sum(norms[idx.index(k)] for k in active) / len(active)
+                role_amplification[role] = max(role_amplification[role], summed / mean_single)
+            role_instances_per_policy[role] = max(role_instances_per_policy[role], len(active))
             metrics[f"policy/{policy}/instances"] = float(len(pg.slots))
         for k, (role, instance) in enumerate(pg.slots):
             metrics[f"role/{role}/{instance}/grad_norm"] = math.sqrt(max(float(gram[k, k]), 0.0))
@@ -46,7 +58,7 @@ def gradient_metrics(probe: GradientProbe) -> Dict[str, float]:
         metrics[f"role/{role}/grad_share"] = role_dot_total[role] / total_sq if total_sq > 0 else 0.0
         if len(role_norms[role]) > 1:
             metrics[f"role/{role}/coherence"] = role_sq[role] / max(role_self[role], 1e-30)
-            mean_single = sum(role_norms[role]) / len(role_norms[role])
-            metrics[f"role/{role}/amplification"] = norm / mean_single if mean_single > 0 else 0.0
+            metrics[f"role/{role}/amplification"] = role_amplification[role]
+            metrics[f"role/{role}/instances_per_policy"] = float(role_instances_per_policy[role])
     metrics["grad/total_norm"] = math.sqrt(max(total_sq, 0.0))
     return metrics

@@ -32,6 +32,7 @@ def rollout_metrics(episodes: List[Episode], prefix: str = "") -> Dict[str, floa
         metrics[f"{key}/turn_share"] = len(turns) / len(all_turns)
         metrics[f"{key}/token_share"] = sum(lengths) / total_tokens
         metrics[f"{key}/response_length"] = mean(lengths)
+        metrics[f"{key}/response_length_p90"] = float(_quantile(lengths, 0.9))
         metrics[f"{key}/response_length_max"] = float(max(lengths))
         metrics[f"{key}/truncated"] = mean(float(t.truncated) for t in turns)
         metrics[f"{key}/format_ok"] = mean(float(not t.malformed) for t in turns)
@@ -40,3 +41,11 @@ def rollout_metrics(episodes: List[Episode], prefix: str = "") -> Dict[str, floa
         if judged:
             metrics[f"{key}/accuracy"] = mean(judged)
     return metrics
+
+
+def _quantile(values: List[int], q: float) -> float:
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

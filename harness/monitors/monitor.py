@@ -1,0 +1,42 @@
+"""Runs every detector on each metrics record, debounces repeats and decides the action.
+
+Actions per detector: `log` (alerts.jsonl only), `alert` (also printed and sent to wandb),
+`stop` (alert, then the run ends cleanly with status stopped_early). The same
+(kind, role, policy) does not fire again within `debounce` steps.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from harness.monitors.detectors import DETECTORS, Alert
+
+
+class Monitor:
+    def __init__(self, cfg, role_policies: Dict[str, List[str]]):
+        self.cfg = cfg
+        self.detectors = [cls(getattr(cfg, name), role_policies) for name, cls in DETECTORS.items()]
+        self.last_fired: Dict[Tuple[str, Optional[str], Optional[str]], int] = {}
+
+    def observe(self, record: dict) -> List[Alert]:
+        fired = []
+        for detector in self.detectors:
+            for alert in detector.observe(record):
+                key = (alert.kind, alert.role, alert.policy)
+                last = self.last_fired.get(key)
+                if last is not None and alert.step - last < self.cfg.debounce:
+                    continue
+                self.last_fired[key] = alert.step
+                fired.append(alert)
+        return fired
+
+    def replay(self, records: List[dict]) -> None:
+        """Rebuild detector state from records already logged (their alerts are already written)."""
+        for record in records:
+            self.observe(record)
+
+
+def stop_reason(alerts: List[Alert]) -> Optional[str]:
+    for alert in alerts:
+        if alert.action == "stop":
+            return f"{alert.kind}: {alert.message}"
+    return None

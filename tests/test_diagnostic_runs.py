@@ -1,0 +1,70 @@
+"""Real runs on the tiny model demonstrate each mechanism, measured rather than constructed."""
+import json
+import subprocess
+from statistics import mean
+
+from harness.logging import read_jsonl, read_wandb_offline
+from harness.run import run_cell, run_dir_of
+from tests.conftest import REPO, cell, python_cmd
+
+
+def _run(tmp_path, *overrides):
+    cfg = cell(tmp_path, *overrides)
+    state = run_cell(cfg, log=lambda *_: None)
+    run = run_dir_of(cfg)
+    return state, run, read_jsonl(run.file("metrics.jsonl")), read_jsonl(run.file("alerts.jsonl"))
+
+
+def test_amplification_under_ip_not_under_ip_instance_and_wandb_has_it(tmp_path, warm_model_dir):
+    common = ("topology=voting", "steps=12", "val_every=100", "samples_every=0")
+    _, run, ip, ip_alerts = _run(tmp_path, "sharing=ip", "wandb.enabled=true", *common)
+    _, _, control, control_alerts = _run(tmp_path, "sharing=ip_instance", *common)
+    amp_ip = mean(m["role/voter/amplification"] for m in ip)
+    amp_control = mean(m["role/voter/amplification"] for m in control)
+    coh_ip = mean(m["role/voter/coherence"] for m in ip)
+    coh_control = mean(m["role/voter/coherence"] for m in control)
+    print(f"amplification ip {amp_ip:.2f} vs ip_instance {amp_control:.2f}; coherence {coh_ip:.2f} vs {coh_control:.2f}")
+    assert amp_ip >= 1.5 and amp_ip >= 1.4 * amp_control
+    assert coh_ip >= 1.3 and abs(coh_control - 1.0) < 1e-9
+    assert {a["kind"] for a in ip_alerts} == {"amplification"} and ip_alerts[0]["policy"] == "voter"
+    assert not [a for a in control_alerts if a["kind"] == "amplification"]
+
+    # the same cell's offline wandb run holds the per-role metrics and the alert
+    [log] = list(run.path.glob("wandb/offline-run-*/run-*.wandb"))
+    records = list(read_wandb_offline(log))
+    history = [{i.key or "/".join(i.nested_key): i.value_json for i in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    assert len(history) == 12 and "role:voter/amplification" in history[0] and "policy:voter/coherence" in history[0]
+    alerts = [r.alert for r in records if r.WhichOneof("record_type") == "alert"]
+    assert alerts and alerts[0].title.startswith("amplification") and "3 voter instances" in alerts[0].text
+    run_record = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert run_record.run_group == "default" and "sharing:ip" in list(run_record.tags)
+
+
+def test_sp_role_with_more_tokens_takes_more_than_its_turn_share(tmp_path, warm_model_dir):
+    _, _, metrics, _ = _run(tmp_path, "topology=voting", "sharing=sp", "steps=10", "val_every=100")
+    voter = {k: mean(m[f"role/voter/{k}"] for m in metrics) for k in ("grad_share", "turn_share", "token_share")}
+    aggregator_tokens = mean(m["role/aggregator/token_share"] for m in metrics)
+    print(f"SP voting: voter {voter}, aggregator token share {aggregator_tokens:.2f}")
+    assert voter["token_share"] > 3 * aggregator_tokens
+    assert voter["grad_share"] > voter["turn_share"] + 0.1
+
+
+def test_length_drift_stops_the_run_cleanly(tmp_path, warm_model_dir):
+    args = [f"root={tmp_path}", "topology=voting", "sharing=ip", "steps=100", "progress=false", "val_every=20",
+            "wandb.enabled=false", "+reward.per_role.aggregator.length=1.0",
+            "+workflow.role_max_new_tokens={aggregator:24}", "monitors.drift.action=stop"]
+    proc = subprocess.run(python_cmd() + args, cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    run = tmp_path / "default" / "voting-ip-arith-tiny-m-s0"
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "stopped_early" and status["reason"].startswith("length_drift")
+    stop = [a for a in read_jsonl(run / "alerts.jsonl") if a["action"] == "stop"]
+    assert len(stop) == 1 and stop[0]["kind"] == "length_drift" and stop[0]["role"] == "aggregator"
+    assert status["step"] == stop[0]["step"] + 1 < 100
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(status["step"]))
+    assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == status["step"]
+    lengths = [m["role/aggregator/response_length"] for m in read_jsonl(run / "metrics.jsonl")]
+    assert mean(lengths[-3:]) > 2 * mean(lengths[:10])
+    again = subprocess.run(python_cmd() + args, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "already stopped_early" in again.stdout

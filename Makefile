@@ -19,9 +19,10 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# The main job on the embedded default: a Voting cell with isolated policies on the tiny CPU model.
+# The main job on the embedded default: the smoke sweep (every topology x {SP, IP} + the
+# single-agent baseline) on the tiny CPU model, as local processes; then its status table.
 demo: setup
-	$(PY) -m harness.run topology=voting sharing=ip task=arith scale=tiny-m steps=100 seed=0
+	$(PY) grid/launch.py sweep=smoke
 
 test: setup
 	$(PY) -m pytest -q

@@ -46,6 +46,21 @@ def load_config(overrides: Sequence[str]) -> CellConfig:
     return cfg
 
 
+def config_from_dict(values: dict) -> CellConfig:
+    """A cell config from nested overrides (the grid's way in): same schema, types and validation."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(CellConfig), OmegaConf.create(values))
+        cfg: CellConfig = OmegaConf.to_object(merged)
+    except (OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(f"bad cell config: {str(exc).splitlines()[0]}") from None
+    if not cfg.cell_id:
+        cfg.cell_id = default_cell_id(cfg)
+    validate(cfg)
+    return cfg
+
+
 def _override_error(exc: BaseException) -> str:
     """Hydra's message, its cause, and the valid keys of the config node the override missed."""
     text = str(exc).splitlines() or [type(exc).__name__]
@@ -181,10 +196,13 @@ def run_cell(cfg: CellConfig, log=print) -> str:
             if reason:
                 state = "stopped_early"
                 break
-    except BaseException as exc:
+    except Exception as exc:
         run_dir.write_status("failed", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-4000:])
         if sink is not None:
             sink.finish("failed")
+        raise
+    except BaseException:  # interrupted (SLURM requeue/timeout exit, Ctrl-C): not a failure, resumable
+        run_dir.write_status("running", reason="interrupted; resumes from the last checkpoint")
         raise
     finally:
         if bar is not None:

@@ -1,0 +1,156 @@
+"""Sweep -> cells: the cartesian product of the sweep's axes, plus the paired single-agent
+baseline of every (scale, task, seed), each with a stable readable id and its resources.
+
+Axis values are files of the config groups in grid/conf/<axis>/<value>.yaml holding the cell
+overrides that value implies; the task axis (math, code) maps to a concrete task per kind of
+scale (the tiny CPU model trains on the synthetic task, Qwen3 checkpoints on the real one).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+AXES = ("topology", "scale", "task", "sharing", "seed")
+
+
+class GridError(ValueError):
+    """A sweep that cannot be expanded or launched; the message names the valid choices."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    nodes: int
+    gpus: int
+    cpus: int
+    mem_gb: int
+    time_min: int
+
+    def label(self) -> str:
+        return f"{self.nodes}n {self.gpus}g {self.cpus}c {self.mem_gb}G {self.time_min}m"
+
+
+@dataclass
+class Cell:
+    cell_id: str
+    axes: Dict[str, Any]
+    overrides: Dict[str, Any]  # a nested dict of harness.config.CellConfig fields
+    resources: Resources
+    baseline_id: Optional[str] = None  # the paired single-agent cell (None for a baseline itself)
+    notes: List[str] = field(default_factory=list)  # problems a dry run reports, e.g. a missing model
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.axes["topology"] == "single"
+
+
+def choices(axis: str) -> List[str]:
+    return sorted(p.stem for p in (CONF_DIR / axis).glob("*.yaml"))
+
+
+def _axis_overrides(axis: str, value: Any) -> Dict[str, Any]:
+    path = CONF_DIR / axis / f"{value}.yaml"
+    if not path.is_file():
+        raise GridError(f"unknown {axis} '{value}' in the sweep; valid choices: {', '.join(choices(axis))}")
+    loaded = OmegaConf.to_container(OmegaConf.load(path)) or {}
+    return loaded
+
+
+def concrete_task(task_axis: str, scale: str) -> str:
+    from harness.models import SCALES, is_tiny
+
+    if scale not in SCALES:
+        raise GridError(f"unknown scale '{scale}' in the sweep; valid choices: {', '.join(SCALES)}")
+    mapping = _axis_overrides("task", task_axis)
+    return mapping["tiny" if is_tiny(scale) else "checkpoint"]
+
+
+def cell_id(axes: Dict[str, Any], extra: Dict[str, str]) -> str:
+    """Same axis values -> same id on every machine: readable, no hashes."""
+    head = ("single" if axes["topology"] == "single" else f"{axes['topology']}-{axes['sharing']}")
+    tail = "".join(f"-{k}={v}" for k, v in sorted(extra.items()))
+    return f"{head}-{axes['task']}-{axes['scale']}-s{axes['seed']}{tail}"
+
+
+def resources_for(cluster: DictConfig, scale: str) -> Resources:
+    table = cluster.resources
+    if scale not in table:
+        raise GridError(f"cluster profile '{cluster.name}' has no resources for scale '{scale}'; "
+                        f"it lists: {', '.join(table.keys())}")
+    return Resources(**OmegaConf.to_container(table[scale]))
+
+
+def _merge(*parts: Dict[str, Any]) -> Dict[str, Any]:
+    merged = OmegaConf.merge(*[OmegaConf.create(p) for p in parts])
+    return OmegaConf.to_container(merged)
+
+
+def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
+    axes = {name: list(sweep.axes[name]) for name in AXES}
+    for name in ("topology", "sharing", "scale", "task"):
+        for value in axes[name]:
+            _axis_overrides(name, value)  # unknown values fail before anything else happens
+    extra_axes: Dict[str, Dict[str, Any]] = (OmegaConf.to_container(sweep.extra_axes)
+                                             if sweep.get("extra_axes") is not None else {})
+    base = OmegaConf.to_container(sweep.cell) if sweep.get("cell") is not None else {}
+    cells: Dict[str, Cell] = {}
+    extra_product = list(itertools.product(*[[(name, label) for label in labels]
+                                             for name, labels in sorted(extra_axes.items())])) or [()]
+    for topology, scale, task, sharing, seed in itertools.product(*[axes[n] for n in AXES]):
+        point = {"topology": topology, "scale": scale, "task": task, "sharing": sharing, "seed": int(seed)}
+        baseline_point = {**point, "topology": "single", "sharing": "sp"}
+        for extras in extra_product:
+            extra = dict(extras)
+            extra_overrides = [extra_axes[name][label] or {} for name, label in extras]
+            cell = _make_cell(point, extra, base, extra_overrides, sweep.name, root, cluster)
+            if sweep.get("baseline", True) and topology != "single":
+                baseline = _make_cell(baseline_point, {}, base, [], sweep.name, root, cluster)
+                cells.setdefault(baseline.cell_id, baseline)
+                cell.baseline_id = baseline.cell_id
+            cells.setdefault(cell.cell_id, cell)
+    return list(cells.values())
+
+
+def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any], extra_overrides: List[dict],
+               sweep_name: str, root: str, cluster: DictConfig) -> Cell:
+    identity = cell_id(point, extra)
+    overrides = _merge(
+        base,
+        _axis_overrides("topology", point["topology"]),
+        _axis_overrides("sharing", point["sharing"]),
+        _axis_overrides("scale", point["scale"]),
+        *extra_overrides,
+        {"topology": point["topology"], "sharing": point["sharing"], "scale": point["scale"],
+         "task": concrete_task(point["task"], point["scale"]), "seed": point["seed"],
+         "sweep": sweep_name, "root": str(root), "cell_id": identity,
+         "extra": {"task_axis": point["task"], **extra}},
+    )
+    return Cell(identity, {**point, **extra}, overrides, resources_for(cluster, point["scale"]))
+
+
+def check_cells(cells: List[Cell], strict: bool) -> None:
+    """Validate every cell's config as harness.run would. strict: raise on the first problem
+    (launch); otherwise record problems in cell.notes (dry run)."""
+    from harness.config import ConfigError
+    from harness.run import config_from_dict
+
+    for cell in cells:
+        try:
+            config_from_dict(cell.overrides)
+        except ConfigError as exc:
+            if strict:
+                raise GridError(f"cell {cell.cell_id}: {exc}") from None
+            cell.notes.append(str(exc).splitlines()[0])
+
+
+def table(cells: List[Cell]) -> str:
+    rows: List[Tuple[str, ...]] = [("cell", "baseline", "resources", "task", "check")]
+    for c in cells:
+        rows.append((c.cell_id, c.baseline_id or "-", c.resources.label(), c.overrides["task"],
+                     "; ".join(c.notes) or "ok"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows)

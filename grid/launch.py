@@ -1,0 +1,135 @@
+"""Launch a sweep: `python grid/launch.py sweep=full_matrix [launcher=slurm] [cluster=<profile>] [dry_run=true]`.
+
+    action=launch   expand the sweep, validate every cell, submit what is not done (idempotent)
+    action=status   print each cell's state, step, failure reason and log path
+    dry_run=true    print the cells with their resources and checks; submit nothing
+
+Every axis can be overridden: `sweep.axes.seed=[0,1,2]`, `sweep.axes.topology=[voting]`,
+`sweep.cell.steps=50`, `'+sweep.extra_axes.mitigation={none:{},balanced:{algo:{loss_agg:role-balanced}}}'`.
+Bad input (an unknown sweep, axis value or cluster profile, a shape the cluster cannot run, a missing
+model path) prints one error naming the valid choices, exits 2 and submits nothing.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+if __package__ in (None, ""):  # `python grid/launch.py`: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from grid.expand import CONF_DIR, GridError, check_cells, choices, expand, table  # noqa: E402
+
+EXIT_BAD_INPUT = 2
+ACTIONS = ("launch", "status")
+
+
+def compose(overrides: Sequence[str]) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = hydra_compose(config_name="launch", overrides=list(overrides))
+    except MissingConfigException as exc:
+        group = next((g for g in ("sweep", "launcher", "cluster") if f"'{g}/" in str(exc)), None)
+        valid = f"; valid choices: {', '.join(choices(group))}" if group else ""
+        raise GridError(f"{str(exc).splitlines()[0]}{valid}") from None
+    except (HydraException, OmegaConfBaseException) as exc:
+        lines = str(exc).splitlines()
+        cause = str(exc.__cause__ or "").splitlines()
+        raise GridError(f"bad override: {lines[0] if lines else exc}" + (f": {cause[0]}" if cause else "")) from None
+    if cfg.action not in ACTIONS:
+        raise GridError(f"unknown action '{cfg.action}'; valid choices: {', '.join(ACTIONS)}")
+    return cfg
+
+
+def print_status(cells, cfg: DictConfig, out=print) -> List:
+    from grid.submit import Ledger, cell_state
+
+    ledger = Ledger(Path(cfg.root) / cfg.sweep.name).read()
+    states = [cell_state(c, cfg.root, cfg.sweep.name, ledger) for c in cells]
+    rows = [("cell", "state", "step", "reason", "log")]
+    rows += [(s.cell.cell_id, s.state, f"{s.step}/{s.steps}", s.reason[:60], s.log) for s in states]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        out("  ".join(v.ljust(w) for v, w in zip(r[:4], widths)) + "  " + r[4])
+    counts = {}
+    for s in states:
+        counts[s.state] = counts.get(s.state, 0) + 1
+    out("summary: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    return states
+
+
+def launch(cells, cfg: DictConfig, out=print) -> int:
+    from grid.submit import Ledger, cell_state, needs_submission, run_local, submit_slurm
+
+    sweep_dir = Path(cfg.root) / cfg.sweep.name
+    ledger = Ledger(sweep_dir)
+    known = ledger.read()
+    states = [cell_state(c, cfg.root, cfg.sweep.name, known) for c in cells]
+    todo = [s.cell for s in states if needs_submission(s)]
+    for s in states:
+        if not needs_submission(s):
+            out(f"skip {s.cell.cell_id}: {s.state}")
+    if not todo:
+        out(f"nothing to submit: all {len(cells)} cells are finished, stopped early or in flight")
+        return 0
+    if cfg.launcher.name == "slurm":
+        entries = submit_slurm(todo, cfg.cluster, cfg.launcher, ledger)
+        out(f"submitted {len(entries)} cells to SLURM ({len({e['job_id'].split('_')[0] for e in entries.values()})} "
+            f"job arrays); follow with: python grid/launch.py sweep={cfg.sweep.name} action=status")
+        if cfg.get("wait"):
+            wait_for_slurm(cells, cfg, out)
+    else:
+        run_local(todo, cfg.launcher, ledger, log=out)
+    if cfg.launcher.name != "slurm" or cfg.get("wait"):
+        states = print_status(cells, cfg, out)
+        return 0 if all(s.state in ("finished", "stopped_early") for s in states) else 1
+    return 0
+
+
+def wait_for_slurm(cells, cfg: DictConfig, out) -> None:
+    from grid.submit import Ledger, cell_state
+
+    while True:
+        ledger = Ledger(Path(cfg.root) / cfg.sweep.name).read()
+        states = [cell_state(c, cfg.root, cfg.sweep.name, ledger) for c in cells]
+        if not any(s.state in ("queued", "running") for s in states):
+            return
+        time.sleep(2)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    try:
+        cfg = compose(argv)
+        cells = expand(cfg.sweep, cfg.cluster, cfg.root)
+        if cfg.dry_run:
+            check_cells(cells, strict=False)
+            print(table(cells))
+            n_base = sum(c.is_baseline for c in cells)
+            print(f"{len(cells)} cells: {len(cells) - n_base} multi-agent + {n_base} single-agent baselines "
+                  f"(sweep {cfg.sweep.name}, launcher {cfg.launcher.name}, cluster {cfg.cluster.name}); "
+                  f"dry run: nothing submitted")
+            return 0
+        check_cells(cells, strict=True)  # every problem surfaces before the first submission
+        if cfg.action == "status":
+            print_status(cells, cfg)
+            return 0
+        return launch(cells, cfg)
+    except GridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

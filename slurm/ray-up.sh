@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Bring up a private Ray cluster across the current SLURM allocation, run a command against it,
+# and tear it down with the job:
+#
+#   srun/sbatch ... slurm/ray-up.sh python -m harness.run engine=verl ...
+#
+# The head runs on the first node of the allocation, one worker per other node via srun; the port
+# and temp dir are private to the job (several cells can share a node); RAY_ADDRESS is exported
+# so the command attaches to this cluster and never to someone else's. Measured pitfalls this
+# avoids: `ray stop` kills every Ray of the user (never used: we kill our own steps), and SLURM's
+# --mem is not seen by Ray (passed as --memory / --object-store-memory).
+set -euo pipefail
+[ $# -gt 0 ] || { echo "usage: $0 COMMAND [ARGS...] (inside a SLURM allocation)" >&2; exit 2; }
+: "${SLURM_JOB_ID:?run inside a SLURM job (sbatch/srun/salloc)}"
+
+RAY=${RAY_BIN:-$(command -v ray)}
+nodes=($(scontrol show hostnames "${SLURM_JOB_NODELIST}"))
+head=${nodes[0]}
+port=$((20000 + SLURM_JOB_ID % 20000))
+temp_dir=${RAY_TEMP_ROOT:-/tmp}/ray-${SLURM_JOB_ID}
+cpus=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
+gpus=$(echo "${SLURM_GPUS_ON_NODE:-0}" | grep -oE '[0-9]+' | head -1 || echo 0)
+mem_bytes=$(( ${SLURM_MEM_PER_NODE:-2048} * 1024 * 1024 ))
+object_store=$(( mem_bytes / 4 ))
+steps=()
+
+teardown() {
+  for pid in "${steps[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$temp_dir"
+}
+trap teardown EXIT
+
+start_node() {  # start_node HOST ARGS...: one Ray node as a job step on HOST
+  local host=$1; shift
+  srun --overlap --nodes=1 --ntasks=1 -w "$host" "$RAY" start --block --num-cpus="$cpus" --num-gpus="${gpus:-0}" \
+       --memory=$((mem_bytes - object_store)) --object-store-memory="$object_store" --temp-dir="$temp_dir" "$@" &
+  steps+=($!)
+}
+
+start_node "$head" --head --node-ip-address="$head" --port="$port" --dashboard-port=$((port + 1)) \
+           --include-dashboard=false
+export RAY_ADDRESS="$head:$port"
+for _ in $(seq 120); do
+  "$RAY" status --address="$RAY_ADDRESS" >/dev/null 2>&1 && break
+  sleep 0.5
+done
+"$RAY" status --address="$RAY_ADDRESS" >/dev/null 2>&1 || { echo "ray-up: head on $head:$port did not start" >&2; exit 1; }
+for worker in "${nodes[@]:1}"; do
+  start_node "$worker" --address="$RAY_ADDRESS"
+done
+echo "ray-up: cluster at $RAY_ADDRESS over ${#nodes[@]} node(s), temp dir $temp_dir" >&2
+"$@"

@@ -1,0 +1,68 @@
+"""Sweep expansion, dry runs and bad input for the grid launcher (no cluster needed)."""
+import subprocess
+import sys
+
+import pytest
+
+from grid.expand import expand
+from grid.launch import EXIT_BAD_INPUT, compose, main
+from tests.conftest import REPO
+
+LAUNCH = [sys.executable, "grid/launch.py"]
+
+
+def test_full_matrix_is_the_seed_study_design():
+    cfg = compose(["sweep=full_matrix", "sweep.axes.seed=[0,1]"])
+    cells = expand(cfg.sweep, cfg.cluster, "runs")
+    assert len(cells) == 84
+    multi = [c for c in cells if not c.is_baseline]
+    baselines = {c.cell_id: c for c in cells if c.is_baseline}
+    assert len(multi) == 72 and len(baselines) == 12
+    for c in multi:  # every multi-agent cell is paired with the baseline of its (scale, task, seed)
+        b = baselines[c.baseline_id]
+        assert (b.axes["scale"], b.axes["task"], b.axes["seed"]) == (c.axes["scale"], c.axes["task"], c.axes["seed"])
+    cell = next(c for c in multi if c.cell_id == "voting-ip-code-qwen3-1.7b-s1")
+    assert cell.overrides["task"] == "humaneval" and cell.overrides["model"]["lora_rank"] == 64
+    assert cell.overrides["steps"] == 500 and cell.overrides["algo"]["kl_coef"] == 0.0
+    assert cell.resources.gpus == 2 and cell.resources.mem_gb == 128
+    again = expand(compose(["sweep=full_matrix", "sweep.axes.seed=[0,1]"]).sweep, cfg.cluster, "runs")
+    assert [c.cell_id for c in again] == [c.cell_id for c in cells]  # stable ids
+
+
+def test_smoke_maps_math_to_the_tiny_task_and_extra_axes_compose():
+    cfg = compose(["sweep=smoke", "+sweep.extra_axes.mitigation={none:{},balanced:{algo:{loss_agg:role-balanced}}}"])
+    cells = expand(cfg.sweep, cfg.cluster, "runs")
+    assert len(cells) == 13  # (3 topologies x 2 sharing) x 2 mitigations + 1 baseline
+    balanced = next(c for c in cells if c.cell_id == "voting-ip-math-tiny-m-s0-mitigation=balanced")
+    assert balanced.overrides["task"] == "arith" and balanced.overrides["algo"]["loss_agg"] == "role-balanced"
+    assert balanced.baseline_id == "single-math-tiny-m-s0"
+
+
+def test_dry_run_prints_42_cells_with_gpu_resources():
+    proc = subprocess.run(LAUNCH + ["sweep=full_matrix", "dry_run=true"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert "42 cells: 36 multi-agent + 6 single-agent baselines" in lines[-1]
+    assert len(lines) == 44  # header, 42 cells, summary
+    assert any("voting-sp-math-qwen3-4b-s0" in l and "1n 4g 32c 256G 1440m" in l for l in lines)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["sweep=everything"], "valid choices: full_matrix, smoke"),
+    (["sweep=smoke", "cluster=mars"], "valid choices: example_gpu, local"),
+    (["sweep=smoke", "launcher=pbs"], "valid choices: local, slurm"),
+    (["sweep=smoke", "sweep.axes.topology=[star]"], "unknown topology 'star' in the sweep; valid choices: eval_opt"),
+    (["sweep=smoke", "sweep.axes.scale=[huge]"], "unknown scale 'huge'"),
+    (["sweep=smoke", "sweep.axes.task=[chess]"], "unknown task 'chess' in the sweep; valid choices: arith, code, math"),
+    (["sweep=smoke", "action=restart"], "unknown action 'restart'; valid choices: launch, status"),
+    (["sweep=smoke", "sweep.cell.steps=many"], "cell single-math-tiny-m-s0: bad cell config"),
+    (["sweep=smoke", "sweep.axes.scale=[qwen3-0.6b]", "sweep.axes.task=[arith]"], "needs a local checkpoint"),
+])
+def test_bad_input_submits_nothing(tmp_path, capsys, monkeypatch, overrides, message):
+    monkeypatch.delenv("MARL_MODEL_ROOT", raising=False)
+    root = tmp_path / "runs"
+    assert main([f"root={root}", *overrides]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err, err
+    assert not root.exists()

@@ -1,0 +1,126 @@
+"""The grid launcher against a real single-node SLURM cluster (slurm/local-cluster.sh; .ci/run starts it)."""
+import json
+from pathlib import Path
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.logging import read_jsonl
+from tests.conftest import REPO
+
+LAUNCH = [sys.executable, "grid/launch.py"]
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    proc = subprocess.run(["bash", "slurm/local-cluster.sh", "start"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"the local SLURM cluster did not start:\n{proc.stdout}\n{proc.stderr}"
+    return True
+
+
+def launch(root, *overrides, timeout=900):
+    return subprocess.run(LAUNCH + [f"root={root}", "launcher=slurm", *overrides], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def ledger(root, sweep="smoke"):
+    return json.loads((root / sweep / ".grid" / "jobs.json").read_text())
+
+
+def test_smoke_sweep_on_slurm_then_a_relaunch_submits_nothing(tmp_path, warm_model_dir, slurm_cluster):
+    first = launch(tmp_path, "sweep=smoke", "wait=true")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "submitted 7 cells to SLURM (1 job arrays)" in first.stdout
+    assert "summary: 7 finished" in first.stdout
+    for cell_id in ledger(tmp_path):
+        run = tmp_path / "smoke" / cell_id
+        assert json.loads((run / "status.json").read_text())["state"] == "finished"
+        assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(20))
+        assert (run / "cell.yaml").is_file() and (run / "checkpoints" / "latest.json").is_file()
+    jobs = ledger(tmp_path)
+    second = launch(tmp_path, "sweep=smoke")
+    assert second.returncode == 0 and "nothing to submit: all 7 cells" in second.stdout
+    assert ledger(tmp_path) == jobs
+    status = subprocess.run(LAUNCH + [f"root={tmp_path}", "sweep=smoke", "action=status"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert "summary: 7 finished" in status.stdout and ".submitit/" in status.stdout
+
+
+def _wait(predicate, seconds, what):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_cancelled_cell_resumes_on_the_next_launch(tmp_path, warm_model_dir, slurm_cluster):
+    one = ["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.sharing=[ip]", "sweep.baseline=false",
+           "sweep.cell.steps=60", "sweep.cell.ckpt_every=5"]
+    assert launch(tmp_path, *one).returncode == 0
+    metrics = tmp_path / "smoke" / "voting-ip-math-tiny-m-s0" / "metrics.jsonl"
+    _wait(lambda: len(read_jsonl(metrics)) >= 12, 240, "12 logged steps")
+    [job] = [e["job_id"] for e in ledger(tmp_path).values()]
+    subprocess.run(["scancel", job], check=True)
+    state = lambda: subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True,
+                                   text=True).stdout
+    _wait(lambda: "CANCELLED" in state(), 120, "the job to be cancelled")
+    in_queue = lambda: subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip()
+    _wait(lambda: not in_queue(), 120, "the cancelled job to leave the queue")
+    logged = len(read_jsonl(metrics))
+    assert 12 <= logged < 60
+    status = subprocess.run(LAUNCH + [f"root={tmp_path}", "launcher=slurm", "action=status", *one], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert "cancelled" in status.stdout
+    again = launch(tmp_path, *one, "wait=true")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [e["job_id"] for e in ledger(tmp_path).values()] != [job]
+    assert [m["step"] for m in read_jsonl(metrics)] == list(range(60))  # no lost, no duplicated step
+    log = (tmp_path / "smoke" / ".submitit" / f"{ledger(tmp_path)['voting-ip-math-tiny-m-s0']['job_id']}_0_log.out")
+    assert "resuming voting-ip-math-tiny-m-s0 from step" in log.read_text()
+
+
+def test_time_limited_cell_requeues_and_finishes(tmp_path, warm_model_dir, slurm_cluster):
+    args = ["sweep=smoke", "sweep.axes.topology=[single]", "sweep.baseline=false", "sweep.cell.steps=600",
+            "sweep.cell.ckpt_every=10", "sweep.cell.val_every=1000", "cluster.resources.tiny-m.time_min=1",
+            "cluster.signal_delay_s=25", "wait=true"]
+    proc = launch(tmp_path, *args, timeout=1500)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = tmp_path / "smoke" / "single-math-tiny-m-s0"
+    assert json.loads((run / "status.json").read_text())["state"] == "finished"
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(600))
+    job = ledger(tmp_path)["single-math-tiny-m-s0"]["job_id"]
+    err = (tmp_path / "smoke" / ".submitit" / f"{job}_log.err").read_text()
+    out = (tmp_path / "smoke" / ".submitit" / f"{job}_log.out").read_text()
+    assert "Requeued job" in err and "resuming single-math-tiny-m-s0 from step" in out
+
+
+def test_ray_comes_up_across_the_allocation_and_goes_down_with_it(tmp_path, slurm_cluster):
+    script = tmp_path / "ray_job.sh"
+    out = tmp_path / "ray_job.out"
+    probe = ("import os, ray; ray.init(address=os.environ['RAY_ADDRESS']); "
+             "print('cpus', ray.cluster_resources()['CPU']); print('answer', ray.get(ray.remote(lambda: 41 + 1).remote()))")
+    script.write_text(f"#!/bin/bash\nexport PATH={sys.executable.rsplit('/', 1)[0]}:$PATH\n"
+                      f"{REPO}/slurm/ray-up.sh python -c \"{probe}\"\n")
+    job = subprocess.run(["sbatch", "--parsable", "--cpus-per-task=2", "--mem=3G", "--time=5", f"--output={out}",
+                          str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    _wait(lambda: not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip(),
+          180, "the Ray job to end")
+    text = out.read_text()
+    assert "cpus 2.0" in text and "answer 42" in text, text[-2000:]
+    assert "ray-up: cluster at" in text and "over 1 node(s)" in text
+    assert not list(tmp_path.glob("ray-*")) and not (Path("/tmp") / f"ray-{job}").exists()
+
+
+def test_a_shape_the_cluster_cannot_run_is_refused_before_any_submission(tmp_path, slurm_cluster):
+    before = subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout
+    proc = launch(tmp_path, "sweep=smoke", "cluster.resources.tiny-m.cpus=512")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: the cluster cannot run cells of shape 1n 0g 512c")
+    assert "sbatch --test-only" in proc.stderr
+    assert not tmp_path.joinpath("smoke").exists()
+    assert subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout == before

@@ -90,8 +90,18 @@ def launch(cells, cfg: DictConfig, out=print) -> int:
         run_local(todo, cfg.launcher, ledger, log=out)
     if cfg.launcher.name != "slurm" or cfg.get("wait"):
         states = print_status(cells, cfg, out)
+        sweep_report(sweep_dir, out)
         return 0 if all(s.state in ("finished", "stopped_early") for s in states) else 1
     return 0
+
+
+def sweep_report(sweep_dir: Path, out) -> None:
+    try:
+        from reports.sweep_report import build_sweep_report
+
+        out(f"sweep report: {build_sweep_report(sweep_dir)}")
+    except Exception as exc:  # noqa: BLE001 - the sweep itself succeeded; `python -m reports` can retry
+        out(f"warning: could not write the sweep report ({type(exc).__name__}: {exc})")
 
 
 def wait_for_slurm(cells, cfg: DictConfig, out) -> None:

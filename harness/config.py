@@ -180,6 +180,7 @@ class CellConfig:
     ckpt_every: int = 10
     samples_every: int = 20
     progress: bool = True
+    report: bool = True  # write <run>/report/ (HTML + Markdown) when the run ends
     workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
     sharing_cfg: SharingConfig = field(default_factory=SharingConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

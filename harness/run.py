@@ -212,8 +212,20 @@ def run_cell(cfg: CellConfig, log=print) -> str:
                          reason=reason, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
     if sink is not None:
         sink.finish(state)
+    if cfg.report:
+        _write_report(run_dir, log)
     log(f"cell {cfg.cell_id} {state}{' (' + reason + ')' if reason else ''}: {run_dir.path}")
     return state
+
+
+def _write_report(run_dir: RunDir, log) -> None:
+    """The run's diagnostic report; a report that cannot be drawn never fails a finished run."""
+    try:
+        from reports.run_report import build_run_report
+
+        log(f"report: {build_run_report(run_dir.path)}")
+    except Exception as exc:  # noqa: BLE001 - reported, and `python -m reports <run>` can retry
+        log(f"warning: could not write the report ({type(exc).__name__}: {exc}); retry with python -m reports {run_dir.path}")
 
 
 def _progress(cfg: CellConfig, start: int):

@@ -17,7 +17,7 @@ SHARED = REPO.parent / "shared"
 def cell(tmp_path: Path, *overrides: str):
     from harness.run import load_config
 
-    return load_config([f"root={tmp_path}", "progress=false", "wandb.enabled=false", *overrides])
+    return load_config([f"root={tmp_path}", "progress=false", "wandb.enabled=false", "report=false", *overrides])
 
 
 @pytest.fixture(scope="session")

@@ -80,7 +80,7 @@ def test_cancelled_cell_resumes_on_the_next_launch(tmp_path, warm_model_dir, slu
     assert again.returncode == 0, again.stdout + again.stderr
     assert [e["job_id"] for e in ledger(tmp_path).values()] != [job]
     assert [m["step"] for m in read_jsonl(metrics)] == list(range(60))  # no lost, no duplicated step
-    log = (tmp_path / "smoke" / ".submitit" / f"{ledger(tmp_path)['voting-ip-math-tiny-m-s0']['job_id']}_0_log.out")
+    log = Path(ledger(tmp_path)["voting-ip-math-tiny-m-s0"]["stderr"]).with_suffix(".out")
     assert "resuming voting-ip-math-tiny-m-s0 from step" in log.read_text()
 
 
@@ -93,9 +93,8 @@ def test_time_limited_cell_requeues_and_finishes(tmp_path, warm_model_dir, slurm
     run = tmp_path / "smoke" / "single-math-tiny-m-s0"
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
     assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(600))
-    job = ledger(tmp_path)["single-math-tiny-m-s0"]["job_id"]
-    err = (tmp_path / "smoke" / ".submitit" / f"{job}_log.err").read_text()
-    out = (tmp_path / "smoke" / ".submitit" / f"{job}_log.out").read_text()
+    err_path = Path(ledger(tmp_path)["single-math-tiny-m-s0"]["stderr"])
+    err, out = err_path.read_text(), err_path.with_suffix(".out").read_text()
     assert "Requeued job" in err and "resuming single-math-tiny-m-s0 from step" in out
 
 

@@ -1,0 +1,188 @@
+"""Did multi-agent RL beat single-agent RL? Per cell, peak and final validation accuracy and the
+difference to its paired baseline (same sweep, scale, task and seed); across seeds, the mean
+difference with a 95% paired t confidence interval; the grid table (rows topology x sharing,
+columns scale, one table per task); best and worst cells; the failure modes each cell's alerts
+found, with the step they first fired.
+
+    python -m analysis.compare <sweep dir> [<sweep dir> ...] --out <dir>
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import load_alerts, load_cells, load_metrics
+
+FAILURE_MODES = ("amplification", "capture", "length_drift", "collapse", "non_finite")
+PAIR_KEYS = ["sweep_dir", "scale", "task_axis", "seed"]  # a baseline pairs within its own sweep directory
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> Tuple[float, float, float, int]:
+    """Mean and the two-sided t interval of the mean; NaN bounds with fewer than two values."""
+    from scipy import stats
+
+    data = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
+    n = len(data)
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    mean = float(data.mean())
+    if n < 2:
+        return mean, math.nan, math.nan, n
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * data.std(ddof=1) / math.sqrt(n))
+    return mean, mean - half, mean + half, n
+
+
+def extra_axes(cells: pd.DataFrame) -> List[str]:
+    return [c for c in cells.columns if c not in
+            {"cell_id", "sweep", "sweep_dir", "topology", "sharing", "task", "task_axis", "scale", "seed", "steps", "state",
+             "step", "reason", "best_val", "run_dir"}]
+
+
+def summarize(cells: pd.DataFrame, metrics: pd.DataFrame, alerts: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: peak/final validation accuracy and the first step of each failure mode."""
+    summary = cells.copy()
+    val = metrics[["run_dir", "step", "val/accuracy"]].dropna() if "val/accuracy" in metrics else \
+        pd.DataFrame(columns=["run_dir", "step", "val/accuracy"])
+    grouped = val.groupby("run_dir")
+    peak = grouped["val/accuracy"].max()
+    final = grouped.apply(lambda g: g.sort_values("step")["val/accuracy"].iloc[-1], include_groups=False) \
+        if len(val) else pd.Series(dtype=float)
+    summary["peak_val"] = summary["run_dir"].map(peak)
+    summary["final_val"] = summary["run_dir"].map(final)
+    first = alerts.groupby(["run_dir", "kind"])["step"].min() if len(alerts) else pd.Series(dtype=float)
+    for mode in FAILURE_MODES:
+        summary[f"first_{mode}"] = [first.get((run, mode), math.nan) for run in summary["run_dir"]]
+    summary["failure_modes"] = [
+        ", ".join(f"{m}@{int(row[f'first_{m}'])}" for m in FAILURE_MODES if not math.isnan(row[f"first_{m}"]))
+        for _, row in summary.iterrows()]
+    return summary
+
+
+def paired_gains(summary: pd.DataFrame) -> pd.DataFrame:
+    """Multi-agent cells with their baseline's accuracy and the differences (cell - baseline)."""
+    baselines = summary[summary["topology"] == "single"][PAIR_KEYS + ["cell_id", "peak_val", "final_val"]]
+    baselines = baselines.rename(columns={"cell_id": "baseline_id", "peak_val": "baseline_peak",
+                                          "final_val": "baseline_final"})
+    multi = summary[summary["topology"] != "single"]
+    merged = multi.merge(baselines, on=PAIR_KEYS, how="left")
+    merged["gain_peak"] = merged["peak_val"] - merged["baseline_peak"]
+    merged["gain_final"] = merged["final_val"] - merged["baseline_final"]
+    return merged
+
+
+def grid_tables(gains: pd.DataFrame, metric: str = "gain_final") -> Dict[str, pd.DataFrame]:
+    """Per task: rows topology x sharing (x extra axes), columns scale; cells 'mean [lo, hi] (n)'."""
+    rows = ["topology", "sharing"] + [a for a in extra_axes(gains) if a in gains.columns and a not in
+                                      ("baseline_id", "baseline_peak", "baseline_final", "gain_peak",
+                                       "gain_final", "peak_val", "final_val", "failure_modes")
+                                      and not a.startswith("first_")]
+    tables = {}
+    for task, part in gains.groupby("task_axis"):
+        stats = part.groupby(rows + ["scale"])[metric].apply(lambda s: mean_ci(list(s)))
+        frame = stats.apply(_format_ci).unstack("scale")
+        tables[str(task)] = frame
+    return tables
+
+
+def ci_frame(gains: pd.DataFrame, metric: str = "gain_final") -> pd.DataFrame:
+    """The same statistics as numbers: mean, ci_low, ci_high, n per (topology, sharing, ..., scale, task)."""
+    keys = ["task_axis", "topology", "sharing", "scale"] + [a for a in extra_axes(gains) if a in gains.columns
+                                                           and a not in ("baseline_id", "failure_modes")
+                                                           and not a.startswith(("first_", "baseline_", "gain_",
+                                                                                 "peak_", "final_"))]
+    rows = []
+    for key, part in gains.groupby(keys):
+        mean, low, high, n = mean_ci(list(part[metric]))
+        rows.append({**dict(zip(keys, key)), "mean": mean, "ci_low": low, "ci_high": high, "n": n})
+    return pd.DataFrame(rows)
+
+
+def _format_ci(stat: Tuple[float, float, float, int]) -> str:
+    mean, low, high, n = stat
+    if math.isnan(mean):
+        return "n/a"
+    if math.isnan(low):
+        return f"{mean:+.3f} (n={n})"
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] (n={n})"
+
+
+def best_and_worst(gains: pd.DataFrame, k: int = 3, metric: str = "gain_final") -> Tuple[pd.DataFrame, pd.DataFrame]:
+    ranked = gains.dropna(subset=[metric]).sort_values(metric, ascending=False)
+    columns = ["cell_id", "baseline_id", metric, "final_val", "baseline_final", "failure_modes"]
+    return ranked[columns].head(k), ranked[columns].tail(k).iloc[::-1]
+
+
+def compare(paths) -> dict:
+    cells = load_cells(paths)
+    metrics = load_metrics(paths, columns=["val/accuracy"])
+    alerts = load_alerts(paths)
+    summary = summarize(cells, metrics, alerts)
+    gains = paired_gains(summary)
+    best, worst = best_and_worst(gains)
+    return {"cells": summary, "gains": gains, "tables": grid_tables(gains), "tables_peak": grid_tables(gains, "gain_peak"),
+            "ci": ci_frame(gains), "best": best, "worst": worst, "alerts": alerts}
+
+
+CELL_TABLE = ["cell_id", "baseline_id", "peak_val", "final_val", "baseline_final", "gain_peak", "gain_final",
+              "state", "failure_modes"]
+
+
+def markdown(result: dict) -> str:
+    parts = ["# Multi-agent RL vs single-agent baselines", ""]
+    for task, table in result["tables"].items():
+        parts += [f"## Task {task}: final validation accuracy minus the paired baseline's "
+                  f"(mean [95% CI] over seeds)", "", table.reset_index().to_markdown(index=False), ""]
+    gains = result["gains"]
+    if len(gains):
+        parts += ["## Cells", "", gains[CELL_TABLE].to_markdown(index=False, floatfmt="+.3f"), ""]
+        parts += ["## Best cells", "", result["best"].to_markdown(index=False, floatfmt="+.3f"), "",
+                  "## Worst cells", "", result["worst"].to_markdown(index=False, floatfmt="+.3f"), ""]
+    return "\n".join(parts)
+
+
+def write_outputs(result: dict, out: Path) -> List[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def save(name: str, text: str) -> None:
+        (out / name).write_text(text)
+        written.append(out / name)
+
+    save("cells.csv", result["cells"].to_csv(index=False))
+    save("gains.csv", result["gains"].to_csv(index=False))
+    save("ci.csv", result["ci"].to_csv(index=False))
+    save("comparison.md", markdown(result))
+    for task, table in result["tables"].items():
+        save(f"grid_{task}.csv", table.to_csv())
+        save(f"grid_{task}.tex", table.to_latex(caption=f"Final validation accuracy gain over the single-agent "
+                                                        f"baseline, task {task} (mean [95\\% CI])",
+                                                label=f"tab:gain-{task}"))
+    return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dirs", nargs="+", help="sweep (or run) directories")
+    parser.add_argument("--out", required=True, help="where to write CSV, Markdown and LaTeX")
+    args = parser.parse_args(argv)
+    missing = [d for d in args.dirs if not Path(d).exists()]
+    if missing:
+        print(f"error: no such directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    result = compare(args.dirs)
+    if result["cells"].empty:
+        print(f"error: no run directories (with cell.yaml) under {', '.join(args.dirs)}", file=sys.stderr)
+        return 2
+    for path in write_outputs(result, Path(args.out)):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Matplotlib figures (PNG, Agg): per-role curves with alert markers, SP vs IP side by side, and
+a heatmap of the gain over the single-agent baseline across the grid."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import List, Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+ROLE_PANELS = [("grad_norm", "gradient norm"), ("grad_share", "gradient share (solid) vs token share (dashed)"),
+               ("response_length", "response length (tokens)"), ("accuracy", "role accuracy"),
+               ("format_ok", "format compliance")]
+ALERT_COLORS = {"amplification": "tab:red", "capture": "tab:purple", "length_drift": "tab:orange",
+                "collapse": "black", "non_finite": "tab:gray"}
+
+
+def roles_of(metrics: pd.DataFrame) -> List[str]:
+    return sorted({c.split("/")[1] for c in metrics.columns
+                   if c.startswith("role/") and c.count("/") == 2 and c.endswith("/response_length")
+                   and metrics[c].notna().any()})
+
+
+def _smooth(series: pd.Series, window: int) -> pd.Series:
+    return series.rolling(window, min_periods=1).mean()
+
+
+def _mark_alerts(ax, alerts: Optional[pd.DataFrame]) -> None:
+    if alerts is None or alerts.empty:
+        return
+    for _, alert in alerts.iterrows():
+        ax.axvline(alert["step"], color=ALERT_COLORS.get(alert["kind"], "gray"), linestyle=":", linewidth=1)
+
+
+def role_curves(metrics: pd.DataFrame, alerts: Optional[pd.DataFrame], out: Path, title: str = "",
+                smooth: int = 5) -> Path:
+    """One run: each role's grad norm, grad vs token share, length, accuracy and format, with alerts."""
+    metrics = metrics.sort_values("step")
+    roles = roles_of(metrics)
+    fig, axes = plt.subplots(len(ROLE_PANELS) + 1, 1, figsize=(9, 2.3 * (len(ROLE_PANELS) + 1)), sharex=True)
+    colors = {role: f"C{i}" for i, role in enumerate(roles)}
+    for ax, (key, label) in zip(axes, ROLE_PANELS):
+        for role in roles:
+            column = f"role/{role}/{key}"
+            if column in metrics:
+                ax.plot(metrics["step"], _smooth(metrics[column], smooth), color=colors[role], label=role)
+            if key == "grad_share" and f"role/{role}/token_share" in metrics:
+                ax.plot(metrics["step"], _smooth(metrics[f"role/{role}/token_share"], smooth), color=colors[role],
+                        linestyle="--")
+        ax.set_ylabel(label, fontsize=8)
+        _mark_alerts(ax, alerts)
+    ax = axes[-1]
+    if "reward/mean" in metrics:
+        ax.plot(metrics["step"], _smooth(metrics["reward/mean"], smooth), color="C7", label="sampled reward")
+    if "val/accuracy" in metrics:
+        val = metrics[["step", "val/accuracy"]].dropna()
+        ax.plot(val["step"], val["val/accuracy"], "o-", color="black", label="validation accuracy")
+    ax.set_ylabel("reward / accuracy", fontsize=8)
+    ax.set_xlabel("step")
+    ax.legend(fontsize=7, loc="best")
+    _mark_alerts(ax, alerts)
+    axes[0].legend(fontsize=7, loc="best", ncol=max(1, len(roles)))
+    if alerts is not None and not alerts.empty:
+        kinds = sorted(set(alerts["kind"]))
+        axes[0].set_title((title + "  |  " if title else "") + "alerts: " +
+                          ", ".join(f"{k} ({ALERT_COLORS.get(k, 'gray').replace('tab:', '')})" for k in kinds),
+                          fontsize=9)
+    elif title:
+        axes[0].set_title(title, fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def sp_vs_ip(metrics: pd.DataFrame, cells: pd.DataFrame, topology: str, out: Path, smooth: int = 5) -> Optional[Path]:
+    """The same topology under SP and IP, side by side (first scale/task/seed that has both)."""
+    part = cells[(cells["topology"] == topology) & cells["sharing"].isin(["sp", "ip"])]
+    for _, group in part.groupby(["scale", "task_axis", "seed"]):
+        if set(group["sharing"]) >= {"sp", "ip"}:
+            break
+    else:
+        return None
+    fig, axes = plt.subplots(3, 2, figsize=(11, 7), sharex=True, sharey="row")
+    for col, sharing in enumerate(["sp", "ip"]):
+        run = group[group["sharing"] == sharing].iloc[0]
+        m = metrics[metrics["run_dir"] == run["run_dir"]].sort_values("step")
+        axes[0, col].set_title(f"{run['cell_id']}", fontsize=9)
+        if "val/accuracy" in m:
+            val = m[["step", "val/accuracy"]].dropna()
+            axes[0, col].plot(val["step"], val["val/accuracy"], "o-", color="black")
+        for i, role in enumerate(roles_of(m)):
+            axes[1, col].plot(m["step"], _smooth(m[f"role/{role}/grad_share"], smooth), color=f"C{i}", label=role)
+            axes[2, col].plot(m["step"], _smooth(m[f"role/{role}/response_length"], smooth), color=f"C{i}", label=role)
+        axes[1, col].legend(fontsize=7)
+    axes[0, 0].set_ylabel("validation accuracy", fontsize=8)
+    axes[1, 0].set_ylabel("gradient share", fontsize=8)
+    axes[2, 0].set_ylabel("response length", fontsize=8)
+    for ax in axes[2]:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def gain_heatmap(ci: pd.DataFrame, task: str, out: Path) -> Optional[Path]:
+    """Mean gain over the baseline: rows topology x sharing, columns scale (n and CI in the cell)."""
+    part = ci[ci["task_axis"] == task]
+    if part.empty:
+        return None
+    table = part.pivot_table(index=["topology", "sharing"], columns="scale", values="mean")
+    fig, ax = plt.subplots(figsize=(2 + 1.6 * table.shape[1], 0.6 + 0.5 * table.shape[0]))
+    limit = max(0.05, float(table.abs().max().max()) if table.size else 0.05)
+    image = ax.imshow(table.values, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_xticks(range(table.shape[1]), table.columns)
+    ax.set_yticks(range(table.shape[0]), [f"{t} {s}" for t, s in table.index])
+    for i in range(table.shape[0]):
+        for j in range(table.shape[1]):
+            value = table.values[i, j]
+            if not math.isnan(value):
+                ax.text(j, i, f"{value:+.3f}", ha="center", va="center", fontsize=8,
+                        color="white" if abs(value) > 0.6 * limit else "black")
+    fig.colorbar(image, ax=ax, label="final accuracy − baseline")
+    ax.set_title(f"gain over the single-agent baseline, task {task}", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def _save(fig, out: Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

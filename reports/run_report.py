@@ -1,0 +1,128 @@
+"""The per-run diagnostic report: what each role did, readable in two minutes.
+
+Summary (cell, status, peak/final accuracy, gain over the paired baseline when it is in the same
+sweep), the alerts timeline, per-role curves with alert markers, a per-role early-vs-late table,
+and each role's outputs early vs late, so capture can be seen (the evaluator's text at step 10
+and at step 400). Written to <run>/report/index.html (self-contained) and report.md (+ PNGs).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import pandas as pd
+
+from analysis.compare import paired_gains, summarize
+from analysis.load import load_alerts, load_cells, load_metrics, load_samples
+from analysis.plots import role_curves, roles_of
+from reports.render import esc, image, kv_table, md_code, md_table, page, table, write
+
+ROLE_COLUMNS = [("grad_share", "grad share"), ("token_share", "token share"), ("turn_share", "turn share"),
+                ("response_length", "length"), ("format_ok", "format ok"), ("accuracy", "accuracy"),
+                ("grad_norm", "grad norm")]
+
+
+def _baseline_gain(run: Path) -> Optional[dict]:
+    """The cell's gain over its baseline, when the baseline ran in the same sweep directory."""
+    cells = load_cells(run.parent)
+    if cells.empty or "single" not in set(cells["topology"]):
+        return None
+    summary = summarize(cells, load_metrics(run.parent, columns=["val/accuracy"]), load_alerts(run.parent))
+    gains = paired_gains(summary)
+    row = gains[gains["run_dir"] == str(run)]
+    return None if row.empty else row.iloc[0].to_dict()
+
+
+def early_late(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per role, the mean of each metric over the first and the last 10% of steps."""
+    n = max(1, len(metrics) // 10)
+    early, late = metrics.head(n), metrics.tail(n)
+    rows = []
+    for role in roles_of(metrics):
+        row = {"role": role}
+        for key, label in ROLE_COLUMNS:
+            column = f"role/{role}/{key}"
+            if column in metrics:
+                row[f"{label} early"] = early[column].mean()
+                row[f"{label} late"] = late[column].mean()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def sample_turns(samples: List[dict]) -> List[dict]:
+    """The first episode at the earliest and at the latest sampled step, role by role."""
+    if not samples:
+        return []
+    steps = sorted({s["step"] for s in samples})
+    chosen = {steps[0]: None, steps[-1]: None}
+    for s in samples:
+        if s["step"] in chosen and chosen[s["step"]] is None:
+            chosen[s["step"]] = s
+    rows = []
+    for step, episode in chosen.items():
+        for turn in episode["turns"]:
+            rows.append({"step": step, "role": f"{turn['role']}[{turn['instance']}]", "prompt": turn["prompt"],
+                         "response": turn["response"], "tokens": turn["tokens"],
+                         "format ok": not turn["malformed"], "reward": turn["reward"]})
+    return rows
+
+
+def build_run_report(run: Path) -> Path:
+    run = Path(run)
+    out = run / "report"
+    cells = load_cells(run)
+    if cells.empty:
+        raise FileNotFoundError(f"{run} is not a run directory (no cell.yaml)")
+    cell = cells.iloc[0].to_dict()
+    metrics = load_metrics(run)
+    alerts = load_alerts(run)
+    status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
+    curves = role_curves(metrics, alerts, out / "roles.png", title=cell["cell_id"]) if len(metrics) else None
+    gain = _baseline_gain(run)
+    val = metrics["val/accuracy"].dropna() if "val/accuracy" in metrics else pd.Series(dtype=float)
+    summary = [("cell", esc(cell["cell_id"])), ("topology / sharing", esc(f"{cell['topology']} / {cell['sharing']}")),
+               ("task / scale / seed", esc(f"{cell['task']} / {cell['scale']} / {cell['seed']}")),
+               ("status", f'<span class="state-{esc(cell["state"])}">{esc(cell["state"])}</span> at step '
+                          f'{esc(cell["step"])} of {esc(cell["steps"])}' +
+                          (f" — {esc(status.get('reason'))}" if status.get("reason") else "")),
+               ("validation accuracy", esc(f"peak {val.max():.3f}, final {val.iloc[-1]:.3f}") if len(val) else "n/a"),
+               ("policies", esc("; ".join(f"{p}: {', '.join(m)}" for p, m in (status.get("policies") or {}).items())))]
+    if gain is not None and not pd.isna(gain.get("gain_final")):
+        summary.append(("gain over baseline", esc(f"{gain['gain_final']:+.3f} final, {gain['gain_peak']:+.3f} peak "
+                                                  f"(vs {gain['baseline_id']})")))
+    alert_frame = alerts[["step", "kind", "role", "policy", "value", "threshold", "action", "message"]] \
+        if len(alerts) else pd.DataFrame()
+    roles = early_late(metrics) if len(metrics) else pd.DataFrame()
+    turns = sample_turns(load_samples(run))
+
+    body = [f"<h1>Run report: {esc(cell['cell_id'])}</h1>", "<h2>Summary</h2>", kv_table(summary),
+            "<h2>Alerts</h2>", table(alert_frame, "{:.3f}") if len(alert_frame) else '<p class="muted">no alerts</p>',
+            "<h2>Per-role curves</h2>", image(curves, "per-role curves") if curves else "<p>no metrics yet</p>",
+            "<h2>Roles early vs late (first and last 10% of steps)</h2>", table(roles, "{:.3f}") if len(roles) else "",
+            "<h2>Role outputs early vs late</h2>"]
+    if turns:
+        rows = "".join(f"<tr><td>{t['step']}</td><td>{esc(t['role'])}</td><td><pre>{esc(t['prompt'])}</pre></td>"
+                       f"<td><pre>{esc(t['response'])}</pre></td><td>{t['tokens']}</td><td>{t['format ok']}</td>"
+                       f"<td>{t['reward']:.2f}</td></tr>" for t in turns)
+        body.append("<table><thead><tr><th>step</th><th>role</th><th>prompt</th><th>response</th><th>tokens</th>"
+                    f"<th>format ok</th><th>reward</th></tr></thead><tbody>{rows}</tbody></table>")
+    else:
+        body.append('<p class="muted">no samples</p>')
+    write(out / "index.html", page(f"run {cell['cell_id']}", body))
+
+    md = [f"# Run report: {cell['cell_id']}", "", "## Summary", ""]
+    md += [f"- **{k}**: {v}" for k, v in [("topology / sharing", f"{cell['topology']} / {cell['sharing']}"),
+                                         ("status", f"{cell['state']} at step {cell['step']} of {cell['steps']}"),
+                                         ("validation accuracy",
+                                          f"peak {val.max():.3f}, final {val.iloc[-1]:.3f}" if len(val) else "n/a")]]
+    if gain is not None and not pd.isna(gain.get("gain_final")):
+        md.append(f"- **gain over baseline**: {gain['gain_final']:+.3f} final vs {gain['baseline_id']}")
+    md += ["", "## Alerts", "", md_table(alert_frame) if len(alert_frame) else "_no alerts_", "",
+           "## Per-role curves", "", "![per-role curves](roles.png)" if curves else "", "",
+           "## Roles early vs late", "", md_table(roles) if len(roles) else "", "", "## Role outputs early vs late", ""]
+    for t in turns:
+        md += [f"**step {t['step']}, {t['role']}** ({t['tokens']} tokens, format ok: {t['format ok']})", "",
+               md_code(f"{t['prompt']}\n--> {t['response']}"), ""]
+    write(out / "report.md", "\n".join(md))
+    return out / "index.html"

@@ -1,0 +1,78 @@
+"""The per-sweep report: comparison tables against the single-agent baselines, the gain heatmap,
+the failure-mode table, best and worst cells, and links to every run's report.
+Written to <sweep>/report/index.html (self-contained) and report.md (+ PNGs)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.compare import CELL_TABLE, FAILURE_MODES, compare, write_outputs
+from analysis.load import find_runs, load_metrics
+from analysis.plots import gain_heatmap, sp_vs_ip
+from reports.render import esc, image, md_table, page, table, write
+from reports.run_report import build_run_report
+
+
+def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
+    sweep = Path(sweep)
+    out = sweep / "report"
+    runs = find_runs(sweep)
+    if not runs:
+        raise FileNotFoundError(f"{sweep} holds no run directories (with cell.yaml)")
+    if run_reports:
+        for run in runs:
+            if not (run / "report" / "index.html").is_file():
+                build_run_report(run)
+    result = compare(sweep)
+    write_outputs(result, out / "tables")
+    cells, gains = result["cells"], result["gains"]
+    links = {row["cell_id"]: f"../{Path(row['run_dir']).name}/report/index.html" for _, row in cells.iterrows()
+             if (Path(row["run_dir"]) / "report" / "index.html").is_file()}
+
+    heatmaps = [p for task in result["tables"] if (p := gain_heatmap(result["ci"], task, out / f"heatmap_{task}.png"))]
+    metrics = load_metrics(sweep, columns=["val/accuracy"] + [f"role/{r}/{k}" for r in
+                                                              ("voter", "aggregator", "generator", "evaluator",
+                                                               "orchestrator", "worker", "synthesizer")
+                                                              for k in ("grad_share", "response_length")])
+    side_by_side = [p for topology in sorted(set(cells["topology"]) - {"single"})
+                    if (p := sp_vs_ip(metrics, cells, topology, out / f"sp_vs_ip_{topology}.png"))]
+    modes = cells[["cell_id", "state"] + [f"first_{m}" for m in FAILURE_MODES] + ["failure_modes"]]
+    counts = {state: int((cells["state"] == state).sum()) for state in sorted(set(cells["state"]))}
+
+    body = [f"<h1>Sweep report: {esc(sweep.name)}</h1>",
+            f"<p>{len(cells)} cells ({esc(', '.join(f'{n} {s}' for s, n in counts.items()))}); "
+            f"tables as CSV, Markdown and LaTeX in <code>tables/</code>.</p>"]
+    for task, grid in result["tables"].items():
+        body += [f"<h2>Task {esc(task)}: final accuracy − paired baseline (mean [95% CI] over seeds)</h2>",
+                 table(grid.reset_index())]
+    body += ["<h2>Gain heatmap</h2>"] + [image(p, p.stem) for p in heatmaps]
+    body += ["<h2>SP vs IP</h2>"] + [image(p, p.stem) for p in side_by_side]
+    if len(gains):
+        body += ["<h2>Cells against their baselines</h2>", table(gains[CELL_TABLE], links=links),
+                 "<h2>Best cells</h2>", table(result["best"], links=links),
+                 "<h2>Worst cells</h2>", table(result["worst"], links=links)]
+    body += ["<h2>Failure modes (step each first fired)</h2>", table(modes, "{:.0f}", links=links),
+             "<h2>Run reports</h2>",
+             "<ul>" + "".join(f'<li><a href="{esc(href)}">{esc(cid)}</a></li>' for cid, href in sorted(links.items()))
+             + "</ul>"]
+    write(out / "index.html", page(f"sweep {sweep.name}", body))
+
+    md = [f"# Sweep report: {sweep.name}", "", f"{len(cells)} cells.", ""]
+    for task, grid in result["tables"].items():
+        md += [f"## Task {task}: final accuracy − paired baseline (mean [95% CI] over seeds)", "",
+               grid.reset_index().to_markdown(index=False), ""]
+    md += [f"![{p.stem}]({p.name})" for p in heatmaps + side_by_side] + [""]
+    if len(gains):
+        md += ["## Cells against their baselines", "", md_table(gains[CELL_TABLE]), ""]
+    md += ["## Failure modes", "", md_table(modes), "", "## Run reports", ""]
+    md += [f"- [{cid}]({href.replace('index.html', 'report.md')})" for cid, href in sorted(links.items())]
+    write(out / "report.md", "\n".join(md))
+    return out / "index.html"
+
+
+def is_sweep(path: Path) -> bool:
+    return not (Path(path) / "cell.yaml").is_file() and bool(find_runs(path))
+
+
+__all__ = ["build_sweep_report", "is_sweep", "pd"]

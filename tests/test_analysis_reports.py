@@ -1,0 +1,151 @@
+"""Analysis and reports on a real (reduced) sweep: comparison vs baselines, CIs, failure-mode
+flags, the notebook, and HTML reports checked in headless Chromium."""
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+
+from analysis.compare import compare, grid_tables, mean_ci
+from analysis.load import load_metrics
+from grid.expand import expand
+from grid.launch import compose
+from harness.run import config_from_dict, run_cell
+from reports.sweep_report import build_sweep_report
+from tests.conftest import REPO
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, warm_model_dir):
+    """voting x {sp, ip} x seeds {0, 1} + their two baselines, 8 steps each, reports on."""
+    root = tmp_path_factory.mktemp("analysis")
+    cfg = compose(["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.seed=[0,1]", "sweep.cell.steps=8",
+                   "sweep.cell.val_every=4", "sweep.cell.val_problems=16", f"root={root}"])
+    for cell in expand(cfg.sweep, cfg.cluster, str(root)):
+        run_cell(config_from_dict({**cell.overrides, "wandb": {"enabled": False}}), log=lambda *_: None)
+    return root / "smoke"
+
+
+def test_mean_ci_matches_a_hand_computed_t_interval():
+    mean, low, high, n = mean_ci([0.1, 0.2, 0.3])
+    half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, df=2) * sd / sqrt(n)
+    assert n == 3 and math.isclose(mean, 0.2) and math.isclose(low, 0.2 - half) and math.isclose(high, 0.2 + half)
+    assert math.isnan(mean_ci([0.4])[1]) and mean_ci([])[3] == 0
+    gains = pd.DataFrame({"topology": ["voting"] * 3, "sharing": ["ip"] * 3, "scale": ["tiny-m"] * 3,
+                          "task_axis": ["math"] * 3, "gain_final": [0.1, 0.2, 0.3]})
+    assert grid_tables(gains)["math"].loc[("voting", "ip"), "tiny-m"] == "+0.200 [-0.048, +0.448] (n=3)"
+
+
+def test_comparison_pairs_every_cell_with_its_baseline(sweep):
+    result = compare(sweep)
+    gains = result["gains"]
+    assert sorted(gains["cell_id"]) == sorted(f"voting-{s}-math-tiny-m-s{seed}" for s in ("sp", "ip") for seed in (0, 1))
+    metrics = load_metrics(sweep, columns=["val/accuracy"])
+    final = {Path(r).name: g.dropna().sort_values("step")["val/accuracy"].iloc[-1]
+             for r, g in metrics.groupby("run_dir")}
+    for _, row in gains.iterrows():
+        assert row["baseline_id"] == f"single-math-tiny-m-s{row['seed']}"
+        assert math.isclose(row["gain_final"], final[row["cell_id"]] - final[row["baseline_id"]])
+    for _, row in gains.iterrows():  # each cell's alerts become its failure-mode flags, with their first step
+        logged = [json.loads(l) for l in (Path(row["run_dir"]) / "alerts.jsonl").read_text().splitlines()]
+        first = {}
+        for alert in logged:
+            first.setdefault(alert["kind"], alert["step"])
+        assert row["failure_modes"] == ", ".join(f"{k}@{v}" for k, v in sorted(first.items(), key=lambda kv:
+                                                 ["amplification", "capture", "length_drift", "collapse",
+                                                  "non_finite"].index(kv[0])))
+    ip = gains[gains["sharing"] == "ip"]
+    assert gains.set_index("cell_id").loc["voting-ip-math-tiny-m-s0", "failure_modes"] == "amplification@4"
+    ci = result["ci"].set_index(["topology", "sharing"])
+    assert ci.loc[("voting", "ip"), "n"] == 2
+    expected = mean_ci(list(ip["gain_final"]))
+    assert math.isclose(ci.loc[("voting", "ip"), "mean"], expected[0])
+    assert math.isclose(ci.loc[("voting", "ip"), "ci_high"], expected[2])
+
+
+def test_compare_command_line(sweep, tmp_path):
+    out = tmp_path / "tables"
+    proc = subprocess.run([sys.executable, "-m", "analysis.compare", str(sweep), "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("cells.csv", "gains.csv", "ci.csv", "comparison.md", "grid_math.csv", "grid_math.tex"):
+        assert (out / name).stat().st_size > 0, name
+    assert "| voting     | ip        |" in (out / "comparison.md").read_text()
+    assert "\\begin{table}" in (out / "grid_math.tex").read_text()
+    bad = subprocess.run([sys.executable, "-m", "analysis.compare", str(tmp_path / "nope"), "--out", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: no such directory")
+
+
+def test_notebook_executes_headless(sweep, tmp_path, monkeypatch):
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("SWEEP_DIR", str(sweep))
+    monkeypatch.setenv("FIGURES_DIR", str(tmp_path))
+    nb = nbformat.read(REPO / "analysis" / "notebooks" / "sweep.ipynb", as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum(o.output_type == "display_data" and "image/png" in o.get("data", {}) for o in outputs) >= 3
+    assert (tmp_path / "heatmap_math.png").is_file() and (tmp_path / "roles.png").is_file()
+
+
+def _open_in_chromium(url: str, screenshot: Path) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        errors, dialogs = [], []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.goto(url)
+        page.wait_for_load_state("load")
+        images = page.evaluate("Array.from(document.images).map(i => i.complete && i.naturalWidth > 0)")
+        links = page.evaluate("Array.from(document.querySelectorAll('a')).map(a => a.href)")
+        page.screenshot(path=str(screenshot), full_page=True)
+        browser.close()
+    return {"errors": errors, "dialogs": dialogs, "images": images, "links": links}
+
+
+def test_run_and_sweep_reports_render_in_chromium(sweep, tmp_path):
+    run = sweep / "voting-ip-math-tiny-m-s0"
+    assert (run / "report" / "index.html").is_file()  # written automatically when the cell ended
+    assert (run / "report" / "report.md").is_file() and (run / "report" / "roles.png").is_file()
+    index = build_sweep_report(sweep)
+    for page, minimum in ((run / "report" / "index.html", 1), (index, 2)):  # heatmap + SP vs IP
+        seen = _open_in_chromium(page.as_uri(), tmp_path / f"{page.parent.parent.name}.png")
+        assert seen["errors"] == [] and seen["dialogs"] == []
+        assert len(seen["images"]) >= minimum and all(seen["images"])
+        assert (tmp_path / f"{page.parent.parent.name}.png").stat().st_size > 10_000
+    linked = [Path(href.removeprefix("file://")) for href in seen["links"] if href.startswith("file://")]
+    assert len({p for p in linked if p.name == "index.html"}) == 6 and all(p.is_file() for p in linked)
+    text = index.read_text()
+    assert "voting-ip-math-tiny-m-s0" in text and "amplification" in text and "[95% CI]" in text
+    md = (sweep / "report" / "report.md").read_text()
+    assert "![heatmap_math](heatmap_math.png)" in md and (sweep / "report" / "heatmap_math.png").is_file()
+
+
+def test_model_text_is_escaped_in_reports(sweep, tmp_path):
+    run = tmp_path / "hostile"
+    shutil.copytree(sweep / "voting-sp-math-tiny-m-s1", run)
+    samples = [json.loads(l) for l in (run / "samples.jsonl").read_text().splitlines()]
+    samples[0]["turns"][0]["response"] = "<script>alert('pwned')</script><img src=x onerror=alert(2)>"
+    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    from reports.run_report import build_run_report
+
+    page = build_run_report(run)
+    html = page.read_text()
+    assert "<script>alert" not in html and "&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;" in html
+    seen = _open_in_chromium(page.as_uri(), tmp_path / "hostile.png")
+    assert seen["dialogs"] == [] and seen["errors"] == []

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 if __package__ in (None, ""):  # `python grid/launch.py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
 from analysis.compare import CELL_TABLE, FAILURE_MODES, compare, write_outputs
 from analysis.load import find_runs, load_metrics
 from analysis.plots import gain_heatmap, sp_vs_ip
@@ -74,5 +72,3 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
 def is_sweep(path: Path) -> bool:
     return not (Path(path) / "cell.yaml").is_file() and bool(find_runs(path))
 
-
-__all__ = ["build_sweep_report", "is_sweep", "pd"]

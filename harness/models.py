@@ -151,7 +151,9 @@ def warm_key(cfg: CellConfig, task) -> str:
 def _task_fingerprint(cfg: CellConfig) -> dict:
     from omegaconf import OmegaConf
 
-    node = getattr(cfg, cfg.task, None)
+    from harness.tasks import WARMUP_TASKS
+
+    node = getattr(cfg, WARMUP_TASKS.get(cfg.task, ""), None)
     return OmegaConf.to_container(OmegaConf.structured(node)) if node is not None else {}
 
 

@@ -1,7 +1,9 @@
 """The sandbox against a hostile corpus: every program is contained, scored as a failure, and the
 test process (the harness) is unaffected. Also: HumanEval's canonical solutions all pass."""
 import os
+import shutil
 import socket
+import tempfile
 import threading
 from pathlib import Path
 
@@ -16,7 +18,10 @@ REPORT = []
 @pytest.fixture(scope="module")
 def sandbox():
     assert namespaces_available(), "the sandbox needs root with unshare/setpriv (as on CI) for its namespaces"
-    return Sandbox(SandboxLimits(wall_s=5.0, cpu_s=3, memory_mb=512, file_size_mb=1, max_processes=16))
+    root = tempfile.mkdtemp(prefix="marl-sbx-test-")  # private to this test, traversable by nobody
+    os.chmod(root, 0o711)
+    yield Sandbox(SandboxLimits(wall_s=5.0, cpu_s=3, memory_mb=512, file_size_mb=1, max_processes=16), tmp_root=root)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture()
@@ -102,7 +107,7 @@ def test_hostile_corpus_is_contained(sandbox, victim, listener, monkeypatch, tmp
     assert received == [] and not Path("/etc/marl_pwned").exists()
     strays = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _uid(p) == NOBODY]
     assert strays == [], "a sandboxed process outlived its run"
-    assert not list(Path("/tmp").glob("marl-sbx-*")), "working directories are thrown away"
+    assert not list(Path(sandbox.tmp_root).iterdir()), "working directories are thrown away"
     (tmp_path / "sandbox-report.md").write_text("\n".join(lines) + "\n")
     print("\n" + "\n".join(lines))
 

@@ -12,7 +12,41 @@ def _arith(cfg) -> Task:
     return ArithTask(cfg.arith)
 
 
-TASKS: Dict[str, Callable] = {"arith": _arith}
+def _math(kind: str) -> Callable:
+    def build(cfg) -> Task:
+        from harness.tasks.math import BoxedMathTask, GSM8KTask
+
+        return {"gsm8k": GSM8KTask, "math": BoxedMathTask}[kind](cfg.data)
+    return build
+
+
+def _reasoning_gym(generator: str) -> Callable:
+    def build(cfg) -> Task:
+        from harness.tasks.math import ReasoningGymTask
+
+        return ReasoningGymTask(generator, cfg.data)
+    return build
+
+
+def _code(kind: str) -> Callable:
+    def build(cfg) -> Task:
+        from harness.tasks.code import CodeSynthTask, HumanEvalTask, MBPPTask
+
+        if kind == "code-synth":
+            return CodeSynthTask(cfg.code_synth, cfg.sandbox)
+        return {"humaneval": HumanEvalTask, "mbpp": MBPPTask}[kind](cfg.data, cfg.sandbox)
+    return build
+
+
+# the grid's task axis maps math -> arith (tiny) / gsm8k (checkpoints), code -> code-synth / humaneval
+TASKS: Dict[str, Callable] = {
+    "arith": _arith, "gsm8k": _math("gsm8k"), "math": _math("math"),
+    "rg-gsm_symbolic": _reasoning_gym("gsm_symbolic"), "rg-basic_arithmetic": _reasoning_gym("basic_arithmetic"),
+    "rg-chain_sum": _reasoning_gym("chain_sum"),
+    "humaneval": _code("humaneval"), "mbpp": _code("mbpp"), "code-synth": _code("code-synth"),
+}
+NEEDS_PATH = {"math"}  # no offline source: the jsonl must be given
+WARMUP_TASKS = {"arith": "arith", "code-synth": "code_synth"}  # tasks a tiny model is warmed up on -> their config
 
 
 def build_task(cfg) -> Task:

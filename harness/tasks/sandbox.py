@@ -123,15 +123,17 @@ def _limits(limits: SandboxLimits):
 
 
 class Sandbox:
-    def __init__(self, limits: SandboxLimits = SandboxLimits(), use_namespaces: Optional[bool] = None):
+    def __init__(self, limits: SandboxLimits = SandboxLimits(), use_namespaces: Optional[bool] = None,
+                 tmp_root: Optional[str] = None):
         self.limits = limits
         self.use_namespaces = namespaces_available() if use_namespaces is None else use_namespaces
+        self.tmp_root = tmp_root  # where working dirs are made (default: the system's temp dir)
 
     def run(self, program: str, checks: str = "") -> RunResult:
         """Run `program` then `checks` (trusted test code) in one fresh sandboxed interpreter."""
         sentinel = f"__marl_sandbox_ok_{secrets.token_hex(16)}__"
-        workdir = Path(tempfile.mkdtemp(prefix="marl-sbx-"))
-        capture = Path(tempfile.mkdtemp(prefix="marl-sbx-out-"))  # outside the program's reach
+        workdir = Path(tempfile.mkdtemp(prefix="marl-sbx-", dir=self.tmp_root))
+        capture = Path(tempfile.mkdtemp(prefix="marl-sbx-out-", dir=self.tmp_root))  # 0700: out of the program's reach
         started = time.perf_counter()
         try:
             (workdir / "main.py").write_text(_BOOTSTRAP)

@@ -47,11 +47,6 @@ class ArithTask(Task, WarmupSupport):
             raise ValueError(f"arith: only {len(problems)} distinct problems for n_train+n_val={budget}")
         self._splits = {"val": problems[: cfg.n_val], "train": problems[cfg.n_val:]}
 
-    def problems(self, split: str) -> List[Problem]:
-        if split not in self._splits:
-            raise ValueError(f"unknown split '{split}'; valid: {', '.join(self._splits)}")
-        return self._splits[split]
-
     def extract_answer(self, text: str) -> Optional[str]:
         numbers = _INT.findall(text)
         return str(int(numbers[-1])) if numbers else None

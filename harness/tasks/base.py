@@ -31,10 +31,13 @@ class Grade:
 class Task(ABC):
     name: str = "task"
     kind: str = "math"  # "math" | "code": the grid's task axis
+    _splits: Dict[str, List[Problem]]  # set by each task's constructor: {"val": [...], "train": [...]}
 
-    @abstractmethod
     def problems(self, split: str) -> List[Problem]:
         """All problems of a split ("train" or "val"), in a fixed order."""
+        if split not in self._splits:
+            raise ValueError(f"unknown split '{split}'; valid: {', '.join(self._splits)}")
+        return self._splits[split]
 
     @abstractmethod
     def extract_answer(self, text: str) -> Optional[str]:

@@ -45,11 +45,6 @@ class CodeTask(Task):
         result = self.sandbox.run(self.program(problem, code), self.checks(problem))
         return Grade(result.passed, code, "" if result.passed else result.reason)
 
-    def problems(self, split_name: str) -> List[Problem]:
-        if split_name not in self._splits:
-            raise ValueError(f"unknown split '{split_name}'; valid: val, train")
-        return self._splits[split_name]
-
 
 class HumanEvalTask(CodeTask):
     """The 164 HumanEval problems; a response is a completion of the prompt or a whole function."""

@@ -97,11 +97,6 @@ class _SplitTask(MathTask):
             raise ValueError(f"task {self.name}: no problems loaded")
         self._splits = split(problems, data.val_size, data.seed)
 
-    def problems(self, split_name: str) -> List[Problem]:
-        if split_name not in self._splits:
-            raise ValueError(f"unknown split '{split_name}'; valid: val, train")
-        return self._splits[split_name]
-
 
 class GSM8KTask(_SplitTask):
     """Grade-school math; the reference is the text after '#### ' in the answer field."""
@@ -144,11 +139,6 @@ class ReasoningGymTask(MathTask):
         problems = [Problem(f"{self.name}-{i}", e["question"], str(e["answer"]), {"index": i})
                     for i, e in enumerate(self.dataset)]
         self._splits = split(problems, data.val_size, data.seed)
-
-    def problems(self, split_name: str) -> List[Problem]:
-        if split_name not in self._splits:
-            raise ValueError(f"unknown split '{split_name}'; valid: val, train")
-        return self._splits[split_name]
 
     def grade(self, problem: Problem, text: str) -> Grade:
         answer, how = extract_math_answer(text)

@@ -194,7 +194,8 @@ def submit_slurm(cells: List[Cell], cluster, launcher, ledger: Ledger) -> Dict[s
         sbatch_test_only(cluster, shape)
     entries: Dict[str, dict] = {}
     for shape, group in by_shape.items():
-        executor = submitit.AutoExecutor(folder=str(launcher.folder), cluster="slurm")
+        executor = submitit.AutoExecutor(folder=str(launcher.folder), cluster="slurm",
+                                         slurm_max_num_timeout=int(launcher.get("max_requeues", 30)))
         executor.update_parameters(name=f"marl-{group[0].overrides['sweep']}",
                                    **_slurm_parameters(cluster, launcher, shape))
         with executor.batch():

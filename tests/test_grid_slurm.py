@@ -85,14 +85,16 @@ def test_cancelled_cell_resumes_on_the_next_launch(tmp_path, warm_model_dir, slu
 
 
 def test_time_limited_cell_requeues_and_finishes(tmp_path, warm_model_dir, slurm_cluster):
-    args = ["sweep=smoke", "sweep.axes.topology=[single]", "sweep.baseline=false", "sweep.cell.steps=600",
+    # a 1-minute limit, signalled 25 s before: the cell needs at least two attempts on any machine here
+    # (SLURM makes a requeued job eligible 120 s later, so each requeue costs ~2.5 min)
+    args = ["sweep=smoke", "sweep.axes.topology=[single]", "sweep.baseline=false", "sweep.cell.steps=450",
             "sweep.cell.ckpt_every=10", "sweep.cell.val_every=1000", "cluster.resources.tiny-m.time_min=1",
             "cluster.signal_delay_s=25", "wait=true"]
     proc = launch(tmp_path, *args, timeout=1500)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = tmp_path / "smoke" / "single-math-tiny-m-s0"
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
-    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(600))
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(450))
     err_path = Path(ledger(tmp_path)["single-math-tiny-m-s0"]["stderr"])
     err, out = err_path.read_text(), err_path.with_suffix(".out").read_text()
     assert "Requeued job" in err and "resuming single-math-tiny-m-s0 from step" in out

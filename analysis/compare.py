@@ -38,10 +38,15 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> Tuple[float, float,
     return mean, mean - half, mean + half, n
 
 
-def extra_axes(cells: pd.DataFrame) -> List[str]:
-    return [c for c in cells.columns if c not in
-            {"cell_id", "sweep", "sweep_dir", "topology", "sharing", "task", "task_axis", "scale", "seed", "steps", "state",
-             "step", "reason", "best_val", "run_dir"}]
+DERIVED_PREFIXES = ("first_", "baseline_", "gain_", "peak_", "final_")  # columns summarize/paired_gains add
+
+
+def extra_axes(frame: pd.DataFrame) -> List[str]:
+    """The grid's extra axes (e.g. mitigation): columns that are neither cell fields nor derived."""
+    from analysis.load import CELL_COLUMNS
+
+    return [c for c in frame.columns if c not in CELL_COLUMNS and c != "failure_modes"
+            and not c.startswith(DERIVED_PREFIXES)]
 
 
 def summarize(cells: pd.DataFrame, metrics: pd.DataFrame, alerts: pd.DataFrame) -> pd.DataFrame:
@@ -78,10 +83,7 @@ def paired_gains(summary: pd.DataFrame) -> pd.DataFrame:
 
 def grid_tables(gains: pd.DataFrame, metric: str = "gain_final") -> Dict[str, pd.DataFrame]:
     """Per task: rows topology x sharing (x extra axes), columns scale; cells 'mean [lo, hi] (n)'."""
-    rows = ["topology", "sharing"] + [a for a in extra_axes(gains) if a in gains.columns and a not in
-                                      ("baseline_id", "baseline_peak", "baseline_final", "gain_peak",
-                                       "gain_final", "peak_val", "final_val", "failure_modes")
-                                      and not a.startswith("first_")]
+    rows = ["topology", "sharing"] + extra_axes(gains)
     tables = {}
     for task, part in gains.groupby("task_axis"):
         stats = part.groupby(rows + ["scale"])[metric].apply(lambda s: mean_ci(list(s)))
@@ -92,10 +94,7 @@ def grid_tables(gains: pd.DataFrame, metric: str = "gain_final") -> Dict[str, pd
 
 def ci_frame(gains: pd.DataFrame, metric: str = "gain_final") -> pd.DataFrame:
     """The same statistics as numbers: mean, ci_low, ci_high, n per (topology, sharing, ..., scale, task)."""
-    keys = ["task_axis", "topology", "sharing", "scale"] + [a for a in extra_axes(gains) if a in gains.columns
-                                                           and a not in ("baseline_id", "failure_modes")
-                                                           and not a.startswith(("first_", "baseline_", "gain_",
-                                                                                 "peak_", "final_"))]
+    keys = ["task_axis", "topology", "sharing", "scale"] + extra_axes(gains)
     rows = []
     for key, part in gains.groupby(keys):
         mean, low, high, n = mean_ci(list(part[metric]))

@@ -16,7 +16,9 @@ from harness.workflows.prompts import DEFAULT_PROMPTS
 
 TOPOLOGIES = ("single", "eval_opt", "voting", "orch_workers")
 SHARING_MODES = ("sp", "ip", "ip_instance", "custom")
-ENGINES = ("local",)
+ENGINES = ("local", "verl")
+VERL_PLACEMENTS = ("colocate", "split")
+VERL_DEVICES = ("auto", "cpu", "cuda")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "role-balanced")
 
 
@@ -160,6 +162,22 @@ class WandbConfig:
 
 
 @dataclass
+class VerlConfig:
+    """engine=verl: one verl worker group (Ray, FSDP2) per policy; see harness/engines/verl/."""
+
+    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu (the CPU platform plugin)
+    gpus_per_policy: int = 1  # FSDP ranks of each policy's worker group
+    placement: str = "colocate"  # colocate: all policies share the cell's GPUs; split: each its own
+    use_dynamic_bsz: bool = True  # micro-batches by token budget (verl's default) instead of by count
+    max_token_len_per_gpu: int = 4096
+    gradient_checkpointing: bool = False
+    param_dtype: str = "bf16"  # FSDP mixed precision on GPU; a CPU always computes in fp32
+    attn_implementation: str = "flash_attention_2"  # on GPU; sdpa on a CPU
+    ray_address: Optional[str] = None  # default: $RAY_ADDRESS (slurm/ray-up.sh), else a private local Ray
+    ray_num_cpus: Optional[int] = None  # logical CPUs of a private local Ray
+
+
+@dataclass
 class InstrumentConfig:
     kl_to_base: bool = True  # measure per-role KL to the base model (adapter disabled) every step
 
@@ -218,6 +236,7 @@ class CellConfig:
     monitors: MonitorConfig = field(default_factory=MonitorConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
+    verl: VerlConfig = field(default_factory=VerlConfig)
     extra: Dict[str, Any] = field(default_factory=dict)  # free-form tags carried to cell.yaml
 
 
@@ -247,6 +266,12 @@ def validate(cfg: CellConfig) -> None:
     _choose("task", cfg.task, sorted(TASKS))
     _choose("scale", cfg.scale, list(SCALES))
     _choose("engine", cfg.engine, ENGINES)
+    _choose("verl placement (verl.placement)", cfg.verl.placement, VERL_PLACEMENTS)
+    _choose("verl device (verl.device)", cfg.verl.device, VERL_DEVICES)
+    if cfg.verl.gpus_per_policy < 1:
+        raise ConfigError(f"verl.gpus_per_policy must be >= 1, got {cfg.verl.gpus_per_policy}")
+    if cfg.engine == "verl" and cfg.sharing_cfg.full_finetune:
+        raise ConfigError("engine=verl trains LoRA adapters; sharing_cfg.full_finetune=true needs engine=local")
     _choose("loss aggregation (algo.loss_agg)", cfg.algo.loss_agg, LOSS_AGG_MODES)
     positive = {
         "steps": cfg.steps,

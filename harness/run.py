@@ -92,7 +92,7 @@ def run_cell(cfg: CellConfig, log=print) -> str:
     import torch
 
     from harness.controller import Controller, sample_records
-    from harness.engines.local import LocalEngine
+    from harness.engines import build_engine
     from harness.logging import WandbSink
     from harness.monitors import Monitor, stop_reason
     from harness.models import prepare_model, warm_info
@@ -130,7 +130,7 @@ def run_cell(cfg: CellConfig, log=print) -> str:
     write_atomic(run_dir.file("cell.yaml"), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    engine = LocalEngine(model_dir, policy_map.policies, cfg, seed=cfg.seed)
+    engine = build_engine(cfg, model_dir, policy_map.policies, run_dir.path / "engine")
     controller = Controller(cfg, task, workflow, policy_map, engine)
     start, best = 0, -1.0
     checkpoint = run_dir.latest_checkpoint()
@@ -207,6 +207,8 @@ def run_cell(cfg: CellConfig, log=print) -> str:
     finally:
         if bar is not None:
             bar.close()
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
         lock.close()
     run_dir.write_status(state, step=step + 1 if state == "stopped_early" else cfg.steps, best_val=best,
                          reason=reason, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))

@@ -27,6 +27,9 @@ CASES = [
     (["monitors.drift.action=panic"], "valid choices: log, alert, stop"),
     (["workflow.role_max_new_tokens.aggregator=24"], "To append to your config use +workflow.role_max_new_tokens"),
     (["workflow.prompts.judge=x"], "valid keys of workflow.prompts: solver, generator"),
+    (["engine=megatron"], "unknown engine 'megatron'; valid choices: local, verl"),
+    (["engine=verl", "verl.placement=spread"], "valid choices: colocate, split"),
+    (["engine=verl", "sharing=sp", "sharing_cfg.full_finetune=true"], "engine=verl trains LoRA adapters"),
 ]
 
 

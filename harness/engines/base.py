@@ -21,6 +21,7 @@ class UpdateResult:
     entropy: Dict[str, float] = field(default_factory=dict)  # mean token entropy per role
     kl: Dict[str, float] = field(default_factory=dict)  # mean token KL to the base per role (kl_coef > 0)
     skipped: List[str] = field(default_factory=list)  # policies whose step was skipped (non-finite)
+    role_loss: Dict[str, float] = field(default_factory=dict)  # each role's share of its policy's loss
 
 
 class Engine(Protocol):

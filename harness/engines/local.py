@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from harness.algo.loss import BatchNorm, aggregate, kl_to_reference, ppo_clip_loss
+from harness.engines.adapters import attach_adapters
 from harness.engines.base import UpdateResult
 from harness.engines.sampling import group_duplicates, sample_repeated
 from harness.models import chat_prompt
@@ -22,7 +23,6 @@ from harness.workflows import Generation, Sampling, Turn
 
 class LocalEngine:
     def __init__(self, model_dir: Path, policies: List[str], cfg, seed: int = 0):
-        from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.cfg = cfg
@@ -36,11 +36,7 @@ class LocalEngine:
             self.model = base
             self.params = {"shared": [p for p in base.parameters()]}
         else:
-            lora = LoraConfig(r=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha, lora_dropout=0.0,
-                              target_modules=list(cfg.model.lora_targets), task_type="CAUSAL_LM")
-            self.model = get_peft_model(base, lora, adapter_name=self.policies[0])
-            for policy in self.policies[1:]:
-                self.model.add_adapter(policy, lora)
+            self.model = attach_adapters(base, self.policies, cfg, seed)
             self.params = {p: [t for n, t in self.model.named_parameters() if f".{p}." in n and "lora_" in n]
                            for p in self.policies}
         self.optimizers = {p: torch.optim.AdamW(self.params[p], lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
@@ -122,7 +118,8 @@ class LocalEngine:
         by_policy: Dict[str, List[Turn]] = defaultdict(list)
         for turn in samples:
             by_policy[turn.policy].append(turn)
-        stats = {"entropy": defaultdict(float), "kl": defaultdict(float), "tokens": defaultdict(float)}
+        stats = {"entropy": defaultdict(float), "kl": defaultdict(float), "tokens": defaultdict(float),
+                 "loss": defaultdict(float)}
         result = UpdateResult(0.0, {}, {}, {})
         for policy in self.policies:
             turns = by_policy.get(policy, [])
@@ -146,6 +143,7 @@ class LocalEngine:
                     loss = self.micro_batch_loss(group[start: start + algo.micro_batch_size], norm, slot[0], stats)
                     loss.backward()
                     result.loss += float(loss.detach())
+                    stats["loss"][slot[0]] += float(loss.detach())
                 if probe is not None:
                     probe.end(policy, slot, params)
             if probe is not None:
@@ -164,6 +162,7 @@ class LocalEngine:
             optimizer.zero_grad(set_to_none=True)
         tokens = stats["tokens"]
         result.entropy = {r: stats["entropy"][r] / tokens[r] for r in tokens if tokens[r]}
+        result.role_loss = dict(stats["loss"])
         if stats["kl"]:
             result.kl = {r: stats["kl"][r] / tokens[r] for r in tokens if tokens[r]}
         return result

@@ -1,0 +1,222 @@
+"""The verl engine: one verl worker group (Ray actors, FSDP2) per policy behind the harness's
+engine protocol, so the same controller, workflows, probe and run directory drive it.
+
+Placement: `colocate` puts every policy's workers on the same GPUs (one Ray resource pool,
+fractional GPUs per actor, as verl colocates actor/ref/rollout); `split` gives each policy its
+own GPUs. Each policy owns a copy of the base model: stock verl trains one LoRA adapter per
+engine. On a CPU (tests, CI) the workers load harness.engines.verl.cpu_platform through
+VERL_USE_EXTERNAL_MODULES and Ray is given logical GPUs.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from harness.algo.loss import BatchNorm
+from harness.engines.adapters import export_initial_adapters
+from harness.engines.base import UpdateResult
+from harness.engines.sampling import group_duplicates
+from harness.instrument.probe import PolicyGradients
+from harness.models import chat_prompt
+from harness.workflows import Generation, Sampling, Turn
+
+CPU_PLUGIN = "harness.engines.verl.cpu_platform"
+
+
+def resolve_device(cfg) -> str:
+    if cfg.verl.device != "auto":
+        return cfg.verl.device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def worker_env(device: str) -> Dict[str, str]:
+    """Environment of every worker process: the CPU platform plugin where there is no GPU."""
+    repo = str(Path(__file__).resolve().parents[3])
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
+           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "VERL_LOGGING_LEVEL": "WARN", "WANDB_MODE": "disabled"}
+    if device == "cpu":
+        env.update(VERL_PLATFORM="cpu", VERL_USE_EXTERNAL_MODULES=CPU_PLUGIN)
+    return env
+
+
+def gpus_needed(cfg, n_policies: int) -> int:
+    per_policy = cfg.verl.gpus_per_policy
+    return per_policy if cfg.verl.placement == "colocate" else per_policy * n_policies
+
+
+def start_ray(cfg, device: str, n_policies: int) -> None:
+    """Join $RAY_ADDRESS (slurm/ray-up.sh) or start a private local Ray for this cell."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {"env_vars": worker_env(device)}
+    address = cfg.verl.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=False)
+        return
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TEMP_ROOT", "/tmp"))
+    gpus = gpus_needed(cfg, n_policies) if device == "cpu" else None  # logical GPUs on a CPU
+    ray.init(num_cpus=cfg.verl.ray_num_cpus or max(4, 2 * n_policies * cfg.verl.gpus_per_policy), num_gpus=gpus,
+             include_dashboard=False, _temp_dir=temp_dir, runtime_env=env, log_to_driver=False)
+
+
+def training_worker_config(cfg, model_dir: Path, adapter_dir: Optional[Path], device: str):
+    """verl's own config dataclasses for one policy's TrainingWorker."""
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
+
+    v = cfg.verl
+    lora = {} if adapter_dir is None else dict(
+        lora_rank=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha, target_modules=list(cfg.model.lora_targets),
+        lora_adapter_path=str(adapter_dir))
+    model = HFModelConfig(path=str(model_dir), use_remove_padding=True,
+                          enable_gradient_checkpointing=v.gradient_checkpointing,
+                          override_config={"attn_implementation": "sdpa" if device == "cpu" else v.attn_implementation},
+                          **lora)
+    dtype = "fp32" if device == "cpu" else v.param_dtype
+    engine = FSDPEngineConfig(strategy="fsdp2", model_dtype="fp32", use_torch_compile=False,
+                              use_dynamic_bsz=v.use_dynamic_bsz, max_token_len_per_gpu=v.max_token_len_per_gpu,
+                              micro_batch_size_per_gpu=cfg.algo.micro_batch_size, seed=cfg.seed,
+                              mixed_precision={"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"})
+    optim = FSDPOptimizerConfig(lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay, clip_grad=cfg.algo.max_grad_norm,
+                                total_training_steps=max(cfg.steps, 1), lr_warmup_steps=0)
+    return TrainingWorkerConfig(model_type="language_model", model_config=model, engine_config=engine,
+                                optimizer_config=optim, checkpoint_config=CheckpointConfig())
+
+
+class VerlEngine:
+    def __init__(self, model_dir: Path, policies: List[str], cfg, seed: int, work_dir: Path):
+        import ray
+        from transformers import AutoTokenizer
+        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+        from harness.engines.verl.worker import PolicyWorker
+
+        if cfg.sharing_cfg.full_finetune:
+            raise NotImplementedError("engine=verl trains LoRA adapters; full fine-tuning runs on engine=local")
+        self.cfg = cfg
+        self.policies = list(policies)
+        self.device = resolve_device(cfg)
+        if self.device == "cpu":  # the driver resolves verl's platform too (Ray resource names)
+            os.environ.update({k: v for k, v in worker_env("cpu").items() if k.startswith("VERL_")})
+            import harness.engines.verl.cpu_platform  # noqa: F401
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+        start_ray(cfg, self.device, len(self.policies))
+        adapters = export_initial_adapters(model_dir, self.policies, cfg, seed, Path(work_dir) / "initial_adapters")
+        harness = {"clip_ratio": cfg.algo.clip_ratio, "kl_coef": cfg.algo.kl_coef, "loss_agg": cfg.algo.loss_agg}
+        per_policy = cfg.verl.gpus_per_policy
+        tag = uuid.uuid4().hex[:8]  # Ray names (placement groups, actors) must be unique per cluster
+        self.pools = []
+        if cfg.verl.placement == "colocate":
+            self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=len(self.policies),
+                                              name_prefix=f"cell_{tag}"))
+        self.groups = {}
+        for policy in self.policies:
+            if cfg.verl.placement == "split":
+                self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=1,
+                                                  name_prefix=f"{policy}_{tag}"))
+            worker = RayClassWithInitArgs(ray.remote(PolicyWorker),
+                                          config=training_worker_config(cfg, model_dir, adapters[policy], self.device),
+                                          harness=harness)
+            self.groups[policy] = RayWorkerGroup(resource_pool=self.pools[-1], ray_cls_with_init=worker,
+                                                 name_prefix=f"{policy}_{tag}")
+        for group in self.groups.values():
+            group.reset()  # builds model, FSDP, optimizer, scheduler on every rank
+
+    # ---------------------------------------------------------------- generate
+    def generate(self, policy: str, prompts: List[str], sampling: Sampling) -> List[Generation]:
+        tok = self.tokenizer
+        results: List[Optional[Generation]] = [None] * len(prompts)
+        for copies, groups in group_duplicates(prompts).items():
+            distinct = [chat_prompt(tok, prompts[indices[0]]) for indices in groups]
+            enc = tok(distinct, return_tensors="pt", padding=True, add_special_tokens=False)
+            seed = int(torch.randint(0, 2**62, (1,)))  # from the controller's per-step RNG: resumable
+            new = self.groups[policy].generate(enc["input_ids"], enc["attention_mask"], copies,
+                                               sampling.max_new_tokens, sampling.temperature, sampling.greedy,
+                                               tok.eos_token_id, tok.pad_token_id, seed)[0].tolist()
+            for g, indices in enumerate(groups):
+                prompt_ids = enc["input_ids"][g][enc["attention_mask"][g].bool()].tolist()
+                for k, index in enumerate(indices):
+                    results[index] = self._generation(prompt_ids, new[g * copies + k])
+        return results
+
+    def _generation(self, prompt_ids: List[int], new: List[int]) -> Generation:
+        eos = self.tokenizer.eos_token_id
+        if eos in new:
+            response, truncated = new[: new.index(eos) + 1], False
+        else:
+            response, truncated = [t for t in new if t != self.tokenizer.pad_token_id], True
+        return Generation(prompt_ids, response, self.tokenizer.decode(response, skip_special_tokens=True), truncated)
+
+    # ---------------------------------------------------------------- update
+    def update(self, samples: Sequence[Turn], probe=None) -> UpdateResult:
+        from harness.engines.verl.batch import turns_to_batch
+        import ray
+
+        by_policy: Dict[str, List[Turn]] = defaultdict(list)
+        for turn in samples:
+            by_policy[turn.policy].append(turn)
+        want_kl = self.cfg.algo.kl_coef > 0 or self.cfg.instrument.kl_to_base
+        pending = {}
+        for policy in self.policies:  # every worker group steps at once
+            turns = by_policy.get(policy, [])
+            if not turns:
+                continue
+            role_tokens: Dict[str, int] = defaultdict(int)
+            slots: Dict[tuple, List[Turn]] = defaultdict(list)
+            for t in turns:
+                role_tokens[t.role] += len(t.response_ids)
+                slots[t.slot].append(t)
+            norm = BatchNorm(sum(role_tokens.values()), len(turns), dict(role_tokens))
+            batches = [(slot, turns_to_batch(group, self.tokenizer.pad_token_id)) for slot, group in slots.items()]
+            pending[policy] = self.groups[policy].update_policy(batches, norm, want_kl)  # futures
+        result = UpdateResult(0.0, {}, {}, {})
+        role_sums: Dict[str, Dict[str, float]] = {k: defaultdict(float) for k in ("loss", "entropy", "kl", "tokens")}
+        for policy, refs in pending.items():
+            out = ray.get(refs)[0]
+            for kind, values in out["stats"].items():
+                for role, value in values.items():
+                    role_sums[kind][role] += value
+            result.loss += sum(out["stats"]["loss"].values())
+            if probe is not None:
+                probe.policies[policy] = PolicyGradients([tuple(s) for s in out["slots"]], out["gram"].double())
+            if not torch.isfinite(torch.tensor(out["grad_norm"])):
+                result.skipped.append(policy)
+                continue
+            result.policy_grad_norm[policy] = out["grad_norm"]
+            result.policy_update_norm[policy] = out["update_norm"]
+            result.policy_param_norm[policy] = out["param_norm"]
+        tokens = role_sums["tokens"]
+        result.role_loss = dict(role_sums["loss"])
+        result.entropy = {r: role_sums["entropy"][r] / tokens[r] for r in tokens if tokens[r]}
+        if want_kl:
+            result.kl = {r: role_sums["kl"][r] / tokens[r] for r in tokens if tokens[r]}
+        return result
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, path: Path) -> None:
+        for policy, group in self.groups.items():
+            group.save(str(Path(path).resolve() / "verl" / policy))
+
+    def load(self, path: Path) -> None:
+        for policy, group in self.groups.items():
+            group.load(str(Path(path).resolve() / "verl" / policy))
+
+    def shutdown(self) -> None:
+        import ray
+
+        for group in self.groups.values():
+            for worker in group.workers:
+                ray.kill(worker)
+        for pool in self.pools:
+            for placement_group in pool.pgs or []:
+                ray.util.remove_placement_group(placement_group)
+        self.groups, self.pools = {}, []

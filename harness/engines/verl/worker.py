@@ -1,0 +1,163 @@
+"""One policy's verl worker: verl's `TrainingWorker` (FSDP2 engine, its optimizer, LR schedule,
+micro-batching, LoRA through peft) with the harness's policy loss and gradient probe inside.
+
+The update runs verl's `forward_backward_batch` once per role instance; after each call the
+rank's gradient shard has grown by exactly that instance's gradient (`torch.autograd.grad` on
+FSDP2 parameters returns None, so the probe reads `.grad`). Each rank forms the Gram matrix of
+its shards and one all-reduce gives the exact global Gram matrix: every per-role statistic is a
+function of it. Then verl's `optimizer_step` clips (reporting the norm before clipping) and steps.
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils import tensordict_utils as tu
+from verl.utils.device import get_device_name
+from verl.workers.engine_workers import TrainingWorker
+from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+from harness.algo.loss import BatchNorm, aggregate, kl_to_reference, ppo_clip_loss
+from harness.engines.sampling import sample_repeated
+from harness.engines.verl.batch import shard_rows
+
+Slot = Tuple[str, int]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 (DTensor) tensor, or the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+class PolicyWorker(TrainingWorker):
+    def __init__(self, config, harness: dict):
+        if get_device_name() == "cpu" and not dist.is_initialized():
+            # verl asks for "cpu:gloo,<device>:<backend>", which torch rejects when both are cpu
+            dist.init_process_group("gloo", rank=int(os.environ.get("RANK", 0)),
+                                    world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        super().__init__(config)
+        self.harness = harness
+        self.loss_fn = self._loss
+        self._role: Optional[str] = None
+        self._norm: Optional[BatchNorm] = None
+        self._stats: Dict[str, Dict[str, float]] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _trainable(self) -> List[torch.nn.Parameter]:
+        return [p for p in self.engine.module.parameters() if p.requires_grad]
+
+    def _flat_grad(self, params) -> torch.Tensor:
+        return torch.cat([(_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)))
+                          .detach().reshape(-1).double() for p in params])
+
+    def _all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        group = self.engine.get_data_parallel_group()
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        return tensor
+
+    def _prepare(self, batch, rank: int, world: int):
+        data = left_right_2_no_padding(shard_rows(batch, rank, world))
+        tu.assign_non_tensor(
+            data, temperature=1.0, calculate_entropy=True, global_batch_size=None,
+            use_remove_padding=self.model_config.get("use_remove_padding", True),
+            use_dynamic_bsz=self.engine_config.use_dynamic_bsz,
+            max_token_len_per_gpu=self.engine_config.max_token_len_per_gpu,
+            micro_batch_size_per_gpu=self.engine_config.micro_batch_size_per_gpu, use_fused_kernels=False)
+        return data
+
+    # ------------------------------------------------------------------ loss
+    def _loss(self, model_output, data, dp_group=None):
+        """The harness's clipped policy loss of one micro-batch of one role instance, normalised by
+        whole-batch counts; scaled by the DP size because FSDP averages gradients across ranks."""
+        h, role = self.harness, self._role
+        log_prob = no_padding_2_padding(model_output["log_probs"], data)
+        fields = ["response_mask", "seq_advantages"] + (["ref_log_prob"] if "ref_log_prob" in data else [])
+        padded = data.select(*fields).to_padded_tensor()
+        mask = padded["response_mask"].to(log_prob.dtype)
+        advantages = padded["seq_advantages"].reshape(-1, 1).to(log_prob.dtype)
+        loss_mat = ppo_clip_loss(log_prob, log_prob.detach(), advantages, h["clip_ratio"])
+        if "ref_log_prob" in padded.keys():
+            kl = kl_to_reference(log_prob, padded["ref_log_prob"].to(log_prob.dtype))
+            if h["kl_coef"] > 0:
+                loss_mat = loss_mat + h["kl_coef"] * kl
+            self._stats["kl"][role] += float((kl.detach() * mask).sum())
+        if "entropy" in model_output:
+            entropy = no_padding_2_padding(model_output["entropy"], data).to(log_prob.dtype)
+            self._stats["entropy"][role] += float((entropy.detach() * mask).sum())
+        self._stats["tokens"][role] += float(mask.sum())
+        loss = aggregate(loss_mat, mask, h["loss_agg"], self._norm, role)
+        self._stats["loss"][role] += float(loss.detach())
+        return loss * self.engine.get_data_parallel_size(), {}
+
+    def _ref_log_probs(self, data) -> torch.Tensor:
+        """Per-token log-probs of the base model (adapter disabled), padded like the responses."""
+        probe = data.clone()
+        tu.assign_non_tensor(probe, calculate_entropy=False)
+        with self.engine.eval_mode(), self.engine.disable_adapter(), torch.no_grad():
+            output = self.engine.infer_batch(probe, loss_function=None)
+        return no_padding_2_padding(output["model_output"]["log_probs"], probe).float()
+
+    # ------------------------------------------------------------------ remote calls
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def update_policy(self, slot_batches: List[Tuple[Slot, object]], norm: BatchNorm, want_kl: bool) -> dict:
+        """One optimizer step of this policy from its role instances' batches (every rank gets all
+        rows and keeps its own). Returns the update's numbers, reduced across ranks."""
+        engine = self.engine
+        rank, world = engine.get_data_parallel_rank(), engine.get_data_parallel_size()
+        self._norm = norm
+        self._stats = {k: defaultdict(float) for k in ("loss", "entropy", "kl", "tokens")}
+        prepared = []
+        for slot, batch in slot_batches:
+            data = self._prepare(batch, rank, world)
+            if want_kl:
+                ref = self._ref_log_probs(data)
+                data["ref_log_prob"] = ref
+            prepared.append((slot, data))
+        params = self._trainable()
+        vectors = []
+        with engine.train_mode():
+            engine.optimizer_zero_grad()
+            for slot, data in prepared:
+                before = self._flat_grad(params)
+                self._role = slot[0]
+                engine.forward_backward_batch(data, loss_function=self._loss)
+                vectors.append(self._flat_grad(params) - before)
+            matrix = torch.stack(vectors)
+            gram = self._all_sum(matrix @ matrix.T)
+            before_step = [_local(p).detach().clone() for p in params]
+            grad_norm = float(engine.optimizer_step())
+            engine.lr_scheduler_step()
+        with torch.no_grad():
+            sums = torch.tensor([sum(float((_local(p) - b).double().pow(2).sum()) for p, b in zip(params, before_step)),
+                                 sum(float(_local(p).double().pow(2).sum()) for p in params)], dtype=torch.float64)
+        update_sq, param_sq = self._all_sum(sums).tolist()
+        stats = {}
+        for kind, values in self._stats.items():
+            roles = sorted(values)
+            reduced = self._all_sum(torch.tensor([values[r] for r in roles], dtype=torch.float64)).tolist()
+            stats[kind] = dict(zip(roles, reduced))
+        return {"slots": [s for s, _ in prepared], "gram": gram.cpu(), "grad_norm": grad_norm,
+                "update_norm": update_sq ** 0.5, "param_norm": param_sq ** 0.5, "stats": stats}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: int, max_new_tokens: int,
+                 temperature: float, greedy: bool, eos_id: int, pad_id: int, seed: int) -> torch.Tensor:
+        """HF-style sampling with the policy's current weights (every rank runs it: FSDP gathers
+        parameters in the forward); the same seed on every rank gives the same samples."""
+        torch.manual_seed(seed)
+        with self.engine.eval_mode(), torch.no_grad():
+            return sample_repeated(self.engine.module, input_ids, attention_mask, repeats, max_new_tokens,
+                                   temperature, greedy, eos_id, pad_id).cpu()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save(self, path: str) -> None:
+        self.engine.save_checkpoint(path, None, 0, None)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load(self, path: str) -> None:
+        self.engine.load_checkpoint(path, None, False)

@@ -118,7 +118,10 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
 def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any], extra_overrides: List[dict],
                sweep_name: str, root: str, cluster: DictConfig) -> Cell:
     identity = cell_id(point, extra)
+    resources = resources_for(cluster, point["scale"])
     overrides = _merge(
+        _budgets(point["task"], point["scale"], point["topology"]),
+        _engine_placement(resources),
         base,
         _axis_overrides("topology", point["topology"]),
         _axis_overrides("sharing", point["sharing"]),
@@ -129,7 +132,25 @@ def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any
          "sweep": sweep_name, "root": str(root), "cell_id": identity,
          "extra": {"task_axis": point["task"], **extra}},
     )
-    return Cell(identity, {**point, **extra}, overrides, resources_for(cluster, point["scale"]))
+    return Cell(identity, {**point, **extra}, overrides, resources)
+
+
+def _budgets(task_axis: str, scale: str, topology: str) -> Dict[str, Any]:
+    """The task axis's token budgets for Qwen3 scales: its `default`, then the topology's own."""
+    from harness.models import is_tiny
+
+    budgets = _axis_overrides("task", task_axis).get("checkpoint_budgets") or {}
+    if is_tiny(scale):
+        return {}
+    return _merge(budgets.get("default") or {}, budgets.get(topology) or {})
+
+
+def _engine_placement(resources: Resources) -> Dict[str, Any]:
+    """engine=verl on a cell with GPUs: every policy's worker group spans all of them (colocated).
+    The sweep or scale files may still override it (e.g. placement=split with fewer per policy)."""
+    if resources.gpus <= 0:
+        return {}
+    return {"verl": {"gpus_per_policy": resources.gpus * resources.nodes}}
 
 
 def check_cells(cells: List[Cell], strict: bool) -> None:

@@ -38,7 +38,42 @@ class CellJob(submitit.helpers.Checkpointable):
         deadline = time.time() + 120
         while lock_held(path) and time.time() < deadline:  # a cancelled predecessor still dying
             time.sleep(1)
+        if needs_ray_up(cfg):
+            return run_under_ray_up(cfg, overrides, path)
         return run_cell(cfg)
+
+
+def needs_ray_up(cfg) -> bool:
+    """engine=verl cells spanning SLURM nodes (or asking to) get a Ray cluster over the allocation."""
+    if cfg.engine != "verl" or os.environ.get("RAY_ADDRESS") or "SLURM_JOB_ID" not in os.environ:
+        return False
+    if cfg.verl.ray_up == "always":
+        return True
+    return cfg.verl.ray_up == "auto" and int(os.environ.get("SLURM_JOB_NUM_NODES", "1")) > 1
+
+
+def run_under_ray_up(cfg, overrides: Dict, path: Path) -> str:
+    """slurm/ray-up.sh starts Ray on every node of the job, then this cell runs against it."""
+    import sys
+
+    from harness.engines.verl.engine import gpus_needed, resolve_device
+    from harness.sharing import PolicyMap
+    from harness.tasks import build_task
+    from harness.workflows import build_workflow
+
+    spec = path.parent / ".grid" / f"{cfg.cell_id}.overrides.json"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(json.dumps(overrides))
+    env = dict(os.environ)
+    if resolve_device(cfg) == "cpu":  # verl's resource pools ask for GPUs: declare logical ones
+        workflow = build_workflow(cfg, build_task(cfg))
+        n_policies = len(PolicyMap.from_config(cfg, workflow.role_instances()).policies)
+        env["RAY_UP_NUM_GPUS"] = str(gpus_needed(cfg, n_policies))
+        env["RAY_UP_NUM_CPUS"] = str(max(4, 2 * n_policies * cfg.verl.gpus_per_policy))
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run(["bash", str(repo / "slurm" / "ray-up.sh"), sys.executable, "-m", "grid.cell_job", str(spec)],
+                   cwd=repo, env=env, check=True)
+    return (read_status(path) or {}).get("state", "unknown")
 
 
 # ----------------------------------------------------------------------------- bookkeeping

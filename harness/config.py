@@ -19,6 +19,7 @@ SHARING_MODES = ("sp", "ip", "ip_instance", "custom")
 ENGINES = ("local", "verl")
 VERL_PLACEMENTS = ("colocate", "split")
 VERL_DEVICES = ("auto", "cpu", "cuda")
+VERL_RAY_UP = ("auto", "always", "never")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "role-balanced")
 
 
@@ -175,6 +176,7 @@ class VerlConfig:
     attn_implementation: str = "flash_attention_2"  # on GPU; sdpa on a CPU
     ray_address: Optional[str] = None  # default: $RAY_ADDRESS (slurm/ray-up.sh), else a private local Ray
     ray_num_cpus: Optional[int] = None  # logical CPUs of a private local Ray
+    ray_up: str = "auto"  # grid on SLURM: auto = slurm/ray-up.sh when a cell spans nodes; always; never
 
 
 @dataclass
@@ -196,7 +198,7 @@ class DataConfig:
 class CodeSynthConfig:
     n_train: int = 4000
     n_val: int = 200
-    max_const: int = 9
+    max_const: int = 4  # rules x+c, x-c, x*c for c in 1..max_const (9: harder, RL at tiny-m stalls)
 
 
 @dataclass
@@ -268,6 +270,7 @@ def validate(cfg: CellConfig) -> None:
     _choose("engine", cfg.engine, ENGINES)
     _choose("verl placement (verl.placement)", cfg.verl.placement, VERL_PLACEMENTS)
     _choose("verl device (verl.device)", cfg.verl.device, VERL_DEVICES)
+    _choose("verl Ray bring-up (verl.ray_up)", cfg.verl.ray_up, VERL_RAY_UP)
     if cfg.verl.gpus_per_policy < 1:
         raise ConfigError(f"verl.gpus_per_policy must be >= 1, got {cfg.verl.gpus_per_policy}")
     if cfg.engine == "verl" and cfg.sharing_cfg.full_finetune:

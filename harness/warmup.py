@@ -111,7 +111,7 @@ def greedy_accuracy(model, tokenizer, task: Task, prompt_template: str, problems
 
 def warm_up(cfg, size, task: Task, out_dir: Path, log: Callable[[str], None] = print) -> dict:
     """Build tokenizer + tiny model, train on role demonstrations, save to out_dir."""
-    from harness.models import build_tiny_model, build_tokenizer
+    from harness.models import build_tiny_model, build_tokenizer, warmup_steps
 
     started = time.time()
     prompts = resolve_prompts(dict(cfg.workflow.prompts))
@@ -121,7 +121,7 @@ def warm_up(cfg, size, task: Task, out_dir: Path, log: Callable[[str], None] = p
     corpus = [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n{r}<|im_end|>" for p, r in corpus_demos]
     tokenizer = build_tokenizer(corpus, size.vocab)
     model = build_tiny_model(size, tokenizer, seed=WARMUP_SEED)
-    steps = cfg.model.warmup_steps or size.warmup_steps
+    steps = warmup_steps(cfg, size, task)
     optimizer = torch.optim.AdamW(model.parameters(), lr=size.warmup_lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))

@@ -7,8 +7,9 @@
 # The head runs on the first node of the allocation, one worker per other node via srun; the port
 # and temp dir are private to the job (several cells can share a node); RAY_ADDRESS is exported
 # so the command attaches to this cluster and never to someone else's. Measured pitfalls this
-# avoids: `ray stop` kills every Ray of the user (never used: we kill our own steps), and SLURM's
-# --mem is not seen by Ray (passed as --memory / --object-store-memory).
+# avoids: `ray stop` kills every Ray of the user (never used: we kill our own steps), SLURM's
+# --mem is not seen by Ray (passed as --memory / --object-store-memory), and a token file in
+# ~/.ray silently turning token auth on (each job uses a token of its own).
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 COMMAND [ARGS...] (inside a SLURM allocation)" >&2; exit 2; }
 : "${SLURM_JOB_ID:?run inside a SLURM job (sbatch/srun/salloc)}"
@@ -18,11 +19,17 @@ nodes=($(scontrol show hostnames "${SLURM_JOB_NODELIST}"))
 head=${nodes[0]}
 port=$((20000 + SLURM_JOB_ID % 20000))
 temp_dir=${RAY_TEMP_ROOT:-/tmp}/ray-${SLURM_JOB_ID}
-cpus=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
-gpus=$(echo "${SLURM_GPUS_ON_NODE:-0}" | grep -oE '[0-9]+' | head -1 || echo 0)
+cpus=${RAY_UP_NUM_CPUS:-${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}}
+# RAY_UP_NUM_GPUS: logical GPUs for CPU-only nodes (verl's resource pools ask for GPUs)
+gpus=${RAY_UP_NUM_GPUS:-$(echo "${SLURM_GPUS_ON_NODE:-0}" | grep -oE '[0-9]+' | head -1 || echo 0)}
 mem_bytes=$(( ${SLURM_MEM_PER_NODE:-2048} * 1024 * 1024 ))
 object_store=$(( mem_bytes / 4 ))
 steps=()
+# A token of the job's own: Ray 2.60 turns token auth on by itself when ~/.ray/auth_token exists
+# (any earlier local ray.init writes one), and then `ray status` never answers this head.
+mkdir -p "$temp_dir"
+od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > "$temp_dir/auth_token"
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$temp_dir/auth_token"
 
 teardown() {
   for pid in "${steps[@]}"; do kill "$pid" 2>/dev/null || true; done

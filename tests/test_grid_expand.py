@@ -25,6 +25,15 @@ def test_full_matrix_is_the_seed_study_design():
     assert cell.overrides["task"] == "humaneval" and cell.overrides["model"]["lora_rank"] == 64
     assert cell.overrides["steps"] == 500 and cell.overrides["algo"]["kl_coef"] == 0.0
     assert cell.resources.gpus == 2 and cell.resources.mem_gb == 128
+    # Qwen3 scales train on engine=verl over all the cell's GPUs, with the task's token budgets
+    assert cell.overrides["engine"] == "verl" and cell.overrides["verl"]["gpus_per_policy"] == 2
+    assert cell.overrides["verl"]["param_dtype"] == "bf16" and cell.overrides["verl"]["gradient_checkpointing"]
+    assert cell.overrides["workflow"]["max_new_tokens"] == 2048  # code
+    assert cell.overrides["workflow"]["role_max_new_tokens"] == {"aggregator": 256}
+    math_orch = next(c for c in multi if c.cell_id == "orch_workers-sp-math-qwen3-4b-s0")
+    assert math_orch.overrides["workflow"]["max_new_tokens"] == 1024
+    assert math_orch.overrides["workflow"]["role_max_new_tokens"]["orchestrator"] == 512
+    assert math_orch.overrides["verl"]["gpus_per_policy"] == 4
     again = expand(compose(["sweep=full_matrix", "sweep.axes.seed=[0,1]"]).sweep, cfg.cluster, "runs")
     assert [c.cell_id for c in again] == [c.cell_id for c in cells]  # stable ids
 
@@ -36,6 +45,7 @@ def test_smoke_maps_math_to_the_tiny_task_and_extra_axes_compose():
     balanced = next(c for c in cells if c.cell_id == "voting-ip-math-tiny-m-s0-mitigation=balanced")
     assert balanced.overrides["task"] == "arith" and balanced.overrides["algo"]["loss_agg"] == "role-balanced"
     assert balanced.baseline_id == "single-math-tiny-m-s0"
+    assert "engine" not in balanced.overrides and "role_max_new_tokens" not in balanced.overrides.get("workflow", {})
 
 
 def test_dry_run_prints_42_cells_with_gpu_resources():

@@ -84,6 +84,23 @@ def test_cancelled_cell_resumes_on_the_next_launch(tmp_path, warm_model_dir, slu
     assert "resuming voting-ip-math-tiny-m-s0 from step" in log.read_text()
 
 
+@pytest.mark.parametrize("ray_up", ["never", "always"])
+def test_verl_cell_runs_on_slurm(tmp_path, warm_model_dir, slurm_cluster, ray_up):
+    """engine=verl through the grid: a private Ray inside the job, or slurm/ray-up.sh's Ray over the
+    allocation (what a multi-node cell gets; forced here on the one-node cluster)."""
+    args = ["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.sharing=[ip]", "sweep.baseline=false",
+            "sweep.cell.steps=4", "sweep.cell.val_every=2", "+sweep.cell.engine=verl",
+            f"+sweep.cell.verl.ray_up={ray_up}", "wait=true"]
+    proc = launch(tmp_path, *args, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "summary: 1 finished" in proc.stdout
+    run = tmp_path / "smoke" / "voting-ip-math-tiny-m-s0"
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(4))
+    assert "engine: verl" in (run / "cell.yaml").read_text()
+    err_path = Path(ledger(tmp_path)["voting-ip-math-tiny-m-s0"]["stderr"])
+    assert ("ray-up: cluster at" in err_path.read_text()) == (ray_up == "always")
+
+
 def test_time_limited_cell_requeues_and_finishes(tmp_path, warm_model_dir, slurm_cluster):
     # a 1-minute limit, signalled 25 s before: the cell needs at least two attempts on any machine here
     # (SLURM makes a requeued job eligible 120 s later, so each requeue costs ~2.5 min)

@@ -103,3 +103,25 @@ def test_code_extraction_and_the_synthetic_code_task():
     full = build_task(default)  # the default size exists (distinct problems, disjoint splits)
     assert len(full.problems("train")) == 4000 and len(full.problems("val")) == 200
     assert not {p.question for p in full.problems("train")} & {p.question for p in full.problems("val")}
+
+
+def test_eval_opt_cell_runs_on_the_synthetic_code_task(tmp_path):
+    """Generator drafts a program, the evaluator judges it, the sandbox grades the final draft."""
+    from harness.logging import read_jsonl
+    from harness.run import run_cell, run_dir_of
+    from tests.conftest import cell
+
+    cfg = cell(tmp_path, "topology=eval_opt", "sharing=ip", "task=code-synth", "steps=3", "val_every=2",
+               "val_problems=8", "samples_every=1")
+    assert run_cell(cfg, log=lambda *_: None) == "finished"
+    run = run_dir_of(cfg)
+    metrics = read_jsonl(run.file("metrics.jsonl"))
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    for role in ("generator", "evaluator"):
+        assert metrics[0][f"role/{role}/turns"] > 0 and metrics[0][f"policy/{role}/grad_norm"] > 0
+    assert 0.0 <= metrics[-1]["val/accuracy"] <= 1.0
+    samples = read_jsonl(run.file("samples.jsonl"))
+    assert {t["role"] for s in samples for t in s["turns"]} == {"generator", "evaluator"}
+    assert samples and all(s["reference"].startswith("x") for s in samples)  # x+c / x-c / x*c
+    for sample in samples:  # the graded answer is the generator's last draft
+        assert sample["final"] == [t for t in sample["turns"] if t["role"] == "generator"][-1]["response"]

@@ -20,6 +20,10 @@ from tests.conftest import REPO, python_cmd
 from tests.test_probe import _setup
 
 TOL = 1e-4
+# bench/gpu_check.sh runs the parity test on a GPU: MARL_VERL_DEVICE=cuda (fp32, sdpa attention)
+DEVICE = os.environ.get("MARL_VERL_DEVICE", "cpu")
+DEVICE_OVERRIDES = ((f"verl.device={DEVICE}",) if DEVICE == "cpu" else
+                    (f"verl.device={DEVICE}", "verl.param_dtype=fp32", "verl.attn_implementation=sdpa"))
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +56,13 @@ def _compare(local_result, local_probe, verl_result, verl_probe) -> dict:
 
 
 @pytest.mark.parametrize("overrides", [
-    ("topology=voting", "sharing=ip", "algo.loss_agg=token-mean"),
-    ("topology=eval_opt", "sharing=sp", "algo.loss_agg=role-balanced", "algo.kl_coef=0.05", "algo.micro_batch_size=5"),
+    # two FSDP ranks (gloo) per policy: shards reduce to the same Gram matrix
+    ("topology=voting", "sharing=ip", "algo.loss_agg=token-mean", "verl.gpus_per_policy=2"),
+    ("topology=eval_opt", "sharing=sp", "algo.loss_agg=role-balanced", "algo.kl_coef=0.05", "algo.micro_batch_size=5",
+     "verl.placement=split"),
 ])
 def test_same_batch_same_numbers_on_both_engines(tmp_path, warm_model_dir, ray_session, overrides):
-    cfg, local, turns = _setup(tmp_path, warm_model_dir, *overrides, "verl.device=cpu")
+    cfg, local, turns = _setup(tmp_path, warm_model_dir, *overrides, *DEVICE_OVERRIDES)
     verl = VerlEngine(warm_model_dir, local.policies, cfg, seed=0, work_dir=tmp_path / "engine")
     try:
         # the same adapters answer the same way (greedy) before any update

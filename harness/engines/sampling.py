@@ -26,7 +26,7 @@ def sample_repeated(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     logits = out.logits[:, -1].float().repeat_interleave(repeats, 0)
     mask = attention_mask.repeat_interleave(repeats, 0)
     position = position_ids[:, -1:].repeat_interleave(repeats, 0) + 1
-    done = torch.zeros(logits.shape[0], dtype=torch.bool)
+    done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     tokens = []
     for t in range(max_new_tokens):
         if greedy:

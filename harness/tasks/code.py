@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import OrderedDict
 from pathlib import Path
 from typing import List, Optional
 
@@ -25,9 +26,12 @@ def extract_code(text: str) -> Optional[str]:
 class CodeTask(Task):
     kind = "code"
 
+    CACHE_SIZE = 4096
+
     def __init__(self, sandbox_cfg):
         self.sandbox = Sandbox(SandboxLimits(wall_s=sandbox_cfg.wall_s, cpu_s=sandbox_cfg.cpu_s,
                                              memory_mb=sandbox_cfg.memory_mb))
+        self._verdicts: "OrderedDict[tuple, tuple]" = OrderedDict()
 
     def extract_answer(self, text: str) -> Optional[str]:
         return extract_code(text)
@@ -42,8 +46,24 @@ class CodeTask(Task):
         code = extract_code(text)
         if code is None:
             return Grade(False, None, "no code found")
-        result = self.sandbox.run(self.program(problem, code), self.checks(problem))
-        return Grade(result.passed, code, "" if result.passed else result.reason)
+        passed, reason = self._verdict(self.program(problem, code), self.checks(problem))
+        return Grade(passed, code, reason)
+
+    def _verdict(self, program: str, checks: str) -> tuple:
+        """Sandbox verdicts memoised by (program, checks): a GRPO group often repeats an answer
+        (all voters, most of G samples), and a program's verdict does not change. Timeouts and
+        kills are not memoised: they may be the machine's load, not the program."""
+        key = (program, checks)
+        if key in self._verdicts:
+            self._verdicts.move_to_end(key)
+            return self._verdicts[key]
+        result = self.sandbox.run(program, checks)
+        verdict = (result.passed, "" if result.passed else result.reason)
+        if result.status in ("passed", "failed", "error"):
+            self._verdicts[key] = verdict
+            if len(self._verdicts) > self.CACHE_SIZE:
+                self._verdicts.popitem(last=False)
+        return verdict
 
 
 class HumanEvalTask(CodeTask):
@@ -110,6 +130,7 @@ class CodeSynthTask(CodeTask, WarmupSupport):
 
     name = "code-synth"
     OPS = ("+", "-", "*")
+    warmup_share = 0.5  # of the scale's warm-up steps: leaves the tiny model room to learn by RL
 
     def __init__(self, cfg, sandbox_cfg, seed: int = 4321):
         super().__init__(sandbox_cfg)

@@ -100,7 +100,7 @@ class PolicyWorker(TrainingWorker):
         tu.assign_non_tensor(probe, calculate_entropy=False)
         with self.engine.eval_mode(), self.engine.disable_adapter(), torch.no_grad():
             output = self.engine.infer_batch(probe, loss_function=None)
-        return no_padding_2_padding(output["model_output"]["log_probs"], probe).float()
+        return no_padding_2_padding(output["model_output"]["log_probs"], probe).float().cpu()
 
     # ------------------------------------------------------------------ remote calls
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
@@ -150,6 +150,10 @@ class PolicyWorker(TrainingWorker):
         """HF-style sampling with the policy's current weights (every rank runs it: FSDP gathers
         parameters in the forward); the same seed on every rank gives the same samples."""
         torch.manual_seed(seed)
+        if get_device_name() != "cpu":
+            torch.cuda.manual_seed(seed)
+            device = torch.device(get_device_name(), torch.cuda.current_device())
+            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         with self.engine.eval_mode(), torch.no_grad():
             return sample_repeated(self.engine.module, input_ids, attention_mask, repeats, max_new_tokens,
                                    temperature, greedy, eos_id, pad_id).cpu()

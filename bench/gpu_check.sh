@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The GPU check for a lent GPU machine: a few minutes, no network. Needs the GPU install
+# (`pip install .[gpu]` with a CUDA torch) and this repository; the tiny model is built locally.
+#   1. the parity test on CUDA: engine=local (CPU) and engine=verl (CUDA, fp32) on the same batch
+#      give the same per-role losses, grad norms and coherence (1e-4);
+#   2. one short engine=verl cell (voting, IP, bf16): steps/s and per-role metrics.
+# Output goes to stdout and, if $OUT is set, to $OUT/gpu_check.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+LOG=${OUT:-/tmp}/gpu_check.log
+export WANDB_MODE=offline OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} MARL_VERL_DEVICE=cuda
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  $PY -m pytest -q -p no:warnings tests/test_verl_engine.py -k same_batch
+  $PY bench/gpu_check.py --root "${OUT:-/tmp}/gpu_check_runs" --steps "${STEPS:-10}"
+} 2>&1 | tee "$LOG"

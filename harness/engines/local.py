@@ -9,15 +9,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 
 from harness.algo.loss import BatchNorm, aggregate, kl_to_reference, ppo_clip_loss
 from harness.engines.adapters import attach_adapters
 from harness.engines.base import UpdateResult
-from harness.engines.sampling import group_duplicates, sample_repeated
-from harness.models import chat_prompt
+from harness.engines.sampling import generate_grouped, sample_repeated
 from harness.workflows import Generation, Sampling, Turn
 
 
@@ -55,26 +54,12 @@ class LocalEngine:
         """Sample one response per prompt with the policy's adapter; duplicates share a prefill."""
         self._activate(policy)
         tok = self.tokenizer
-        results: List[Optional[Generation]] = [None] * len(prompts)
-        for copies, groups in group_duplicates(prompts).items():
-            distinct = [chat_prompt(tok, prompts[indices[0]]) for indices in groups]
-            enc = tok(distinct, return_tensors="pt", padding=True, add_special_tokens=False)
-            new = sample_repeated(self.model, enc["input_ids"], enc["attention_mask"], copies,
-                                  sampling.max_new_tokens, sampling.temperature, sampling.greedy,
-                                  tok.eos_token_id, tok.pad_token_id).tolist()
-            for g, indices in enumerate(groups):
-                prompt_ids = enc["input_ids"][g][enc["attention_mask"][g].bool()].tolist()
-                for k, index in enumerate(indices):
-                    results[index] = self._generation(prompt_ids, new[g * copies + k])
-        return results
 
-    def _generation(self, prompt_ids: List[int], new: List[int]) -> Generation:
-        eos = self.tokenizer.eos_token_id
-        if eos in new:
-            response, truncated = new[: new.index(eos) + 1], False
-        else:
-            response, truncated = [t for t in new if t != self.tokenizer.pad_token_id], True
-        return Generation(prompt_ids, response, self.tokenizer.decode(response, skip_special_tokens=True), truncated)
+        def sample(input_ids, attention_mask, copies):
+            return sample_repeated(self.model, input_ids, attention_mask, copies, sampling.max_new_tokens,
+                                   sampling.temperature, sampling.greedy, tok.eos_token_id, tok.pad_token_id).tolist()
+
+        return generate_grouped(tok, prompts, sample)
 
     # ---------------------------------------------------------------- update
     def _log_probs(self, batch: Sequence[Turn]):

@@ -8,7 +8,7 @@ runs on the whole batch. Positions count real tokens only, as in the training fo
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -55,3 +55,29 @@ def group_duplicates(prompts: Sequence[str]) -> Dict[int, List[List[int]]]:
     for indices in where.values():
         groups[len(indices)].append(indices)
     return dict(groups)
+
+
+def generate_grouped(tokenizer, prompts: Sequence[str], sample: Callable[[torch.Tensor, torch.Tensor, int], List[List[int]]]):
+    """One Generation per prompt: identical prompts are encoded once and sampled `copies` times by
+    `sample(input_ids, attention_mask, copies)` (rows grouped per prompt, as `sample_repeated`)."""
+    from harness.models import chat_prompt
+    from harness.workflows import Generation
+
+    def generation(prompt_ids: List[int], new: List[int]) -> Generation:
+        eos = tokenizer.eos_token_id
+        if eos in new:
+            response, truncated = new[: new.index(eos) + 1], False
+        else:
+            response, truncated = [t for t in new if t != tokenizer.pad_token_id], True
+        return Generation(prompt_ids, response, tokenizer.decode(response, skip_special_tokens=True), truncated)
+
+    results: List[Optional[Generation]] = [None] * len(prompts)
+    for copies, groups in group_duplicates(prompts).items():
+        distinct = [chat_prompt(tokenizer, prompts[indices[0]]) for indices in groups]
+        enc = tokenizer(distinct, return_tensors="pt", padding=True, add_special_tokens=False)
+        new = sample(enc["input_ids"], enc["attention_mask"], copies)
+        for g, indices in enumerate(groups):
+            prompt_ids = enc["input_ids"][g][enc["attention_mask"][g].bool()].tolist()
+            for k, index in enumerate(indices):
+                results[index] = generation(prompt_ids, new[g * copies + k])
+    return results

@@ -9,6 +9,7 @@ VERL_USE_EXTERNAL_MODULES and Ray is given logical GPUs.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 import uuid
@@ -21,9 +22,8 @@ import torch
 from harness.algo.loss import BatchNorm
 from harness.engines.adapters import export_initial_adapters
 from harness.engines.base import UpdateResult
-from harness.engines.sampling import group_duplicates
+from harness.engines.sampling import generate_grouped
 from harness.instrument.probe import PolicyGradients
-from harness.models import chat_prompt
 from harness.workflows import Generation, Sampling, Turn
 
 CPU_PLUGIN = "harness.engines.verl.cpu_platform"
@@ -98,16 +98,16 @@ class VerlEngine:
         from transformers import AutoTokenizer
         from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
-        from harness.engines.verl.worker import PolicyWorker
-
         if cfg.sharing_cfg.full_finetune:
             raise NotImplementedError("engine=verl trains LoRA adapters; full fine-tuning runs on engine=local")
         self.cfg = cfg
         self.policies = list(policies)
         self.device = resolve_device(cfg)
-        if self.device == "cpu":  # the driver resolves verl's platform too (Ray resource names)
+        if self.device == "cpu":  # before verl resolves its platform in this process (engine modules do on import)
             os.environ.update({k: v for k, v in worker_env("cpu").items() if k.startswith("VERL_")})
-            import harness.engines.verl.cpu_platform  # noqa: F401
+            importlib.import_module(CPU_PLUGIN)
+        from harness.engines.verl.worker import PolicyWorker
+
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
         start_ray(cfg, self.device, len(self.policies))
         adapters = export_initial_adapters(model_dir, self.policies, cfg, seed, Path(work_dir) / "initial_adapters")
@@ -123,6 +123,7 @@ class VerlEngine:
             if cfg.verl.placement == "split":
                 self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=1,
                                                   name_prefix=f"{policy}_{tag}"))
+            self.pools[-1].get_placement_groups(device_name=self.device)  # verl's default asks for "cuda"
             worker = RayClassWithInitArgs(ray.remote(PolicyWorker),
                                           config=training_worker_config(cfg, model_dir, adapters[policy], self.device),
                                           harness=harness)
@@ -134,27 +135,14 @@ class VerlEngine:
     # ---------------------------------------------------------------- generate
     def generate(self, policy: str, prompts: List[str], sampling: Sampling) -> List[Generation]:
         tok = self.tokenizer
-        results: List[Optional[Generation]] = [None] * len(prompts)
-        for copies, groups in group_duplicates(prompts).items():
-            distinct = [chat_prompt(tok, prompts[indices[0]]) for indices in groups]
-            enc = tok(distinct, return_tensors="pt", padding=True, add_special_tokens=False)
-            seed = int(torch.randint(0, 2**62, (1,)))  # from the controller's per-step RNG: resumable
-            new = self.groups[policy].generate(enc["input_ids"], enc["attention_mask"], copies,
-                                               sampling.max_new_tokens, sampling.temperature, sampling.greedy,
-                                               tok.eos_token_id, tok.pad_token_id, seed)[0].tolist()
-            for g, indices in enumerate(groups):
-                prompt_ids = enc["input_ids"][g][enc["attention_mask"][g].bool()].tolist()
-                for k, index in enumerate(indices):
-                    results[index] = self._generation(prompt_ids, new[g * copies + k])
-        return results
 
-    def _generation(self, prompt_ids: List[int], new: List[int]) -> Generation:
-        eos = self.tokenizer.eos_token_id
-        if eos in new:
-            response, truncated = new[: new.index(eos) + 1], False
-        else:
-            response, truncated = [t for t in new if t != self.tokenizer.pad_token_id], True
-        return Generation(prompt_ids, response, self.tokenizer.decode(response, skip_special_tokens=True), truncated)
+        def sample(input_ids, attention_mask, copies):
+            seed = int(torch.randint(0, 2**62, (1,)))  # from the controller's per-step RNG: resumable
+            return self.groups[policy].generate(input_ids, attention_mask, copies, sampling.max_new_tokens,
+                                                sampling.temperature, sampling.greedy, tok.eos_token_id,
+                                                tok.pad_token_id, seed)[0].tolist()
+
+        return generate_grouped(tok, prompts, sample)
 
     # ---------------------------------------------------------------- update
     def update(self, samples: Sequence[Turn], probe=None) -> UpdateResult:

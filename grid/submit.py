@@ -65,6 +65,8 @@ def run_under_ray_up(cfg, overrides: Dict, path: Path) -> str:
     spec.parent.mkdir(parents=True, exist_ok=True)
     spec.write_text(json.dumps(overrides))
     env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)  # the job's environment: its `ray`, its python
+    env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
     if resolve_device(cfg) == "cpu":  # verl's resource pools ask for GPUs: declare logical ones
         workflow = build_workflow(cfg, build_task(cfg))
         n_policies = len(PolicyMap.from_config(cfg, workflow.role_instances()).policies)

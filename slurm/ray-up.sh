@@ -14,7 +14,8 @@ set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 COMMAND [ARGS...] (inside a SLURM allocation)" >&2; exit 2; }
 : "${SLURM_JOB_ID:?run inside a SLURM job (sbatch/srun/salloc)}"
 
-RAY=${RAY_BIN:-$(command -v ray)}
+RAY=${RAY_BIN:-$(command -v ray || true)}
+[ -n "$RAY" ] && [ -x "$RAY" ] || { echo "ray-up: no ray executable: put Ray's bin dir on PATH or set RAY_BIN" >&2; exit 1; }
 nodes=($(scontrol show hostnames "${SLURM_JOB_NODELIST}"))
 head=${nodes[0]}
 port=$((20000 + SLURM_JOB_ID % 20000))

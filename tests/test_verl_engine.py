@@ -85,6 +85,26 @@ def test_same_batch_same_numbers_on_both_engines(tmp_path, warm_model_dir, ray_s
         verl.shutdown()
 
 
+def test_non_finite_gradient_skips_only_that_policy(tmp_path, warm_model_dir, ray_session):
+    """verl's optimizer_step skips a non-finite step; the harness reports the policy as skipped."""
+    cfg, _local, turns = _setup(tmp_path, warm_model_dir, "topology=voting", "sharing=ip", *DEVICE_OVERRIDES)
+    verl = VerlEngine(warm_model_dir, ["aggregator", "voter"], cfg, seed=0, work_dir=tmp_path / "engine")
+    try:
+        clean = [t.advantage for t in turns]
+        for t in turns:
+            if t.role == "aggregator":
+                t.advantage = float("nan")
+        result = verl.update(turns, GradientProbe())
+        assert result.skipped == ["aggregator"] and "aggregator" not in result.policy_update_norm
+        assert result.policy_update_norm["voter"] > 0
+        for t, advantage in zip(turns, clean):
+            t.advantage = advantage
+        after = verl.update(turns, GradientProbe())  # the skipped policy's weights stayed finite
+        assert after.skipped == [] and all(math.isfinite(v) for v in after.policy_param_norm.values())
+    finally:
+        verl.shutdown()
+
+
 ARGS = ["engine=verl", "topology=voting", "sharing=ip", "steps=6", "ckpt_every=2", "val_every=3", "val_problems=8",
         "progress=false", "report=false", "wandb.enabled=false"]
 CELL = "voting-ip-arith-tiny-m-s0"

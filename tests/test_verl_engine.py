@@ -58,8 +58,9 @@ def _compare(local_result, local_probe, verl_result, verl_probe) -> dict:
 @pytest.mark.parametrize("overrides", [
     # two FSDP ranks (gloo) per policy: shards reduce to the same Gram matrix
     ("topology=voting", "sharing=ip", "algo.loss_agg=token-mean", "verl.gpus_per_policy=2"),
+    # fixed-size micro-batches (5 does not divide every instance's rows) and one group per policy's own GPUs
     ("topology=eval_opt", "sharing=sp", "algo.loss_agg=role-balanced", "algo.kl_coef=0.05", "algo.micro_batch_size=5",
-     "verl.placement=split"),
+     "verl.use_dynamic_bsz=false", "verl.placement=split"),
 ])
 def test_same_batch_same_numbers_on_both_engines(tmp_path, warm_model_dir, ray_session, overrides):
     cfg, local, turns = _setup(tmp_path, warm_model_dir, *overrides, *DEVICE_OVERRIDES)

@@ -62,12 +62,16 @@ class PolicyWorker(TrainingWorker):
 
     def _prepare(self, batch, rank: int, world: int):
         data = left_right_2_no_padding(shard_rows(batch, rank, world))
+        # fixed-size micro-batches must divide the role instance's rows: the largest size that does
+        rows, size = data.batch_size[0], max(1, min(self.engine_config.micro_batch_size_per_gpu or 1, data.batch_size[0]))
+        while rows % size:
+            size -= 1
         tu.assign_non_tensor(
             data, temperature=1.0, calculate_entropy=True, global_batch_size=None,
             use_remove_padding=self.model_config.get("use_remove_padding", True),
             use_dynamic_bsz=self.engine_config.use_dynamic_bsz,
             max_token_len_per_gpu=self.engine_config.max_token_len_per_gpu,
-            micro_batch_size_per_gpu=self.engine_config.micro_batch_size_per_gpu, use_fused_kernels=False)
+            micro_batch_size_per_gpu=size, use_fused_kernels=False)
         return data
 
     # ------------------------------------------------------------------ loss

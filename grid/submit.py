@@ -56,9 +56,8 @@ def run_under_ray_up(cfg, overrides: Dict, path: Path) -> str:
     """slurm/ray-up.sh starts Ray on every node of the job, then this cell runs against it."""
     import sys
 
-    from harness.engines.verl.engine import gpus_needed, resolve_device
+    from harness.engines.verl.engine import logical_resources, resolve_device
     from harness.sharing import PolicyMap
-    from harness.tasks import build_task
     from harness.workflows import build_workflow
 
     spec = path.parent / ".grid" / f"{cfg.cell_id}.overrides.json"
@@ -68,10 +67,9 @@ def run_under_ray_up(cfg, overrides: Dict, path: Path) -> str:
     bin_dir = str(Path(sys.executable).parent)  # the job's environment: its `ray`, its python
     env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
     if resolve_device(cfg) == "cpu":  # verl's resource pools ask for GPUs: declare logical ones
-        workflow = build_workflow(cfg, build_task(cfg))
-        n_policies = len(PolicyMap.from_config(cfg, workflow.role_instances()).policies)
-        env["RAY_UP_NUM_GPUS"] = str(gpus_needed(cfg, n_policies))
-        env["RAY_UP_NUM_CPUS"] = str(max(4, 2 * n_policies * cfg.verl.gpus_per_policy))
+        n_policies = len(PolicyMap.from_config(cfg, build_workflow(cfg).role_instances()).policies)
+        cpus, gpus = logical_resources(cfg, n_policies)
+        env.update(RAY_UP_NUM_CPUS=str(cpus), RAY_UP_NUM_GPUS=str(gpus))
     repo = Path(__file__).resolve().parents[1]
     subprocess.run(["bash", str(repo / "slurm" / "ray-up.sh"), sys.executable, "-m", "grid.cell_job", str(spec)],
                    cwd=repo, env=env, check=True)

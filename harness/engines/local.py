@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import List, Sequence
 
 import torch
 
 from harness.algo.loss import BatchNorm, aggregate, kl_to_reference, ppo_clip_loss
 from harness.engines.adapters import attach_adapters
-from harness.engines.base import UpdateResult
+from harness.engines.base import UpdateResult, policy_batches
 from harness.engines.sampling import generate_grouped, sample_repeated
 from harness.workflows import Generation, Sampling, Turn
 
@@ -100,28 +100,19 @@ class LocalEngine:
 
     def update(self, samples: Sequence[Turn], probe=None) -> UpdateResult:
         algo = self.cfg.algo
-        by_policy: Dict[str, List[Turn]] = defaultdict(list)
-        for turn in samples:
-            by_policy[turn.policy].append(turn)
+        batches = policy_batches(samples)
         stats = {"entropy": defaultdict(float), "kl": defaultdict(float), "tokens": defaultdict(float),
                  "loss": defaultdict(float)}
         result = UpdateResult(0.0, {}, {}, {})
         for policy in self.policies:
-            turns = by_policy.get(policy, [])
-            if not turns:
+            if policy not in batches:
                 continue
             self._activate(policy)
             params = self.params[policy]
             optimizer = self.optimizers[policy]
             optimizer.zero_grad(set_to_none=True)
-            role_tokens: Dict[str, int] = defaultdict(int)
-            for t in turns:
-                role_tokens[t.role] += len(t.response_ids)
-            norm = BatchNorm(sum(role_tokens.values()), len(turns), dict(role_tokens))
-            slots: Dict[tuple, List[Turn]] = defaultdict(list)
-            for t in turns:
-                slots[t.slot].append(t)
-            for slot, group in slots.items():
+            norm = batches[policy].norm
+            for slot, group in batches[policy].slots.items():
                 if probe is not None:
                     probe.begin(policy, slot, params)
                 for start in range(0, len(group), algo.micro_batch_size):

@@ -2,7 +2,7 @@
 
 verl's FSDP engine reads left-padded `prompts`, right-padded `responses`, their concatenation as
 `input_ids` with `attention_mask`/`position_ids`, and a `response_mask`; it then drops padding
-(`left_right_2_no_padding`). Each turn's sequence-level advantage becomes a per-token row.
+(`left_right_2_no_padding`). Each turn's sequence-level advantage rides along as `seq_advantages`.
 """
 from __future__ import annotations
 
@@ -31,7 +31,6 @@ def turns_to_batch(turns: Sequence[Turn], pad_id: int) -> TensorDict:
             responses[row, : len(r)] = torch.tensor(r)
             response_mask[row, : len(r)] = 1
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    advantages = torch.tensor([t.advantage for t in turns], dtype=torch.float32)[:, None].expand(n, response_width)
     return TensorDict({
         "prompts": prompts,
         "responses": responses,
@@ -39,8 +38,7 @@ def turns_to_batch(turns: Sequence[Turn], pad_id: int) -> TensorDict:
         "attention_mask": attention_mask,
         "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
         "response_mask": response_mask,
-        "advantages": advantages.contiguous() * response_mask,
-        "seq_advantages": torch.tensor([t.advantage for t in turns], dtype=torch.float32),
+        "seq_advantages": torch.tensor([t.advantage for t in turns], dtype=torch.float32),  # the harness loss's
     }, batch_size=n)
 
 
@@ -52,5 +50,5 @@ def shard_rows(batch: TensorDict, rank: int, world: int) -> TensorDict:
         return batch[torch.tensor(rows)]
     filler = batch[:1].clone()
     filler["response_mask"] = torch.zeros_like(filler["response_mask"])
-    filler["advantages"] = torch.zeros_like(filler["advantages"])
+    filler["seq_advantages"] = torch.zeros_like(filler["seq_advantages"])
     return filler

@@ -10,18 +10,18 @@ VERL_USE_EXTERNAL_MODULES and Ray is given logical GPUs.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import tempfile
 import uuid
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from harness.algo.loss import BatchNorm
 from harness.engines.adapters import export_initial_adapters
-from harness.engines.base import UpdateResult
+from harness.engines.base import UpdateResult, policy_batches
 from harness.engines.sampling import generate_grouped
 from harness.instrument.probe import PolicyGradients
 from harness.workflows import Generation, Sampling, Turn
@@ -46,9 +46,12 @@ def worker_env(device: str) -> Dict[str, str]:
     return env
 
 
-def gpus_needed(cfg, n_policies: int) -> int:
+def logical_resources(cfg, n_policies: int) -> Tuple[int, int]:
+    """(CPUs, GPUs) a Ray on CPU-only nodes declares for a cell: verl's resource pools ask for
+    GPUs (one per FSDP rank; shared when colocated) and a CPU per colocated actor."""
     per_policy = cfg.verl.gpus_per_policy
-    return per_policy if cfg.verl.placement == "colocate" else per_policy * n_policies
+    gpus = per_policy if cfg.verl.placement == "colocate" else per_policy * n_policies
+    return max(4, 2 * n_policies * per_policy), gpus
 
 
 def start_ray(cfg, device: str, n_policies: int) -> None:
@@ -63,8 +66,8 @@ def start_ray(cfg, device: str, n_policies: int) -> None:
         ray.init(address=address, runtime_env=env, log_to_driver=False)
         return
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TEMP_ROOT", "/tmp"))
-    gpus = gpus_needed(cfg, n_policies) if device == "cpu" else None  # logical GPUs on a CPU
-    ray.init(num_cpus=cfg.verl.ray_num_cpus or max(4, 2 * n_policies * cfg.verl.gpus_per_policy), num_gpus=gpus,
+    cpus, gpus = logical_resources(cfg, n_policies)
+    ray.init(num_cpus=cfg.verl.ray_num_cpus or cpus, num_gpus=gpus if device == "cpu" else None,  # real GPUs: detected
              include_dashboard=False, _temp_dir=temp_dir, runtime_env=env, log_to_driver=False)
 
 
@@ -149,23 +152,13 @@ class VerlEngine:
         from harness.engines.verl.batch import turns_to_batch
         import ray
 
-        by_policy: Dict[str, List[Turn]] = defaultdict(list)
-        for turn in samples:
-            by_policy[turn.policy].append(turn)
         want_kl = self.cfg.algo.kl_coef > 0 or self.cfg.instrument.kl_to_base
         pending = {}
-        for policy in self.policies:  # every worker group steps at once
-            turns = by_policy.get(policy, [])
-            if not turns:
-                continue
-            role_tokens: Dict[str, int] = defaultdict(int)
-            slots: Dict[tuple, List[Turn]] = defaultdict(list)
-            for t in turns:
-                role_tokens[t.role] += len(t.response_ids)
-                slots[t.slot].append(t)
-            norm = BatchNorm(sum(role_tokens.values()), len(turns), dict(role_tokens))
-            batches = [(slot, turns_to_batch(group, self.tokenizer.pad_token_id)) for slot, group in slots.items()]
-            pending[policy] = self.groups[policy].update_policy(batches, norm, want_kl)  # futures
+        batches = policy_batches(samples)
+        for policy in [p for p in self.policies if p in batches]:  # every worker group steps at once
+            slots = [(slot, turns_to_batch(group, self.tokenizer.pad_token_id))
+                     for slot, group in batches[policy].slots.items()]
+            pending[policy] = self.groups[policy].update_policy(slots, batches[policy].norm, want_kl)  # futures
         result = UpdateResult(0.0, {}, {}, {})
         role_sums: Dict[str, Dict[str, float]] = {k: defaultdict(float) for k in ("loss", "entropy", "kl", "tokens")}
         for policy, refs in pending.items():
@@ -176,7 +169,7 @@ class VerlEngine:
             result.loss += sum(out["stats"]["loss"].values())
             if probe is not None:
                 probe.policies[policy] = PolicyGradients([tuple(s) for s in out["slots"]], out["gram"].double())
-            if not torch.isfinite(torch.tensor(out["grad_norm"])):
+            if not math.isfinite(out["grad_norm"]):
                 result.skipped.append(policy)
                 continue
             result.policy_grad_norm[policy] = out["grad_norm"]

@@ -20,6 +20,7 @@ ENGINES = ("local", "verl")
 VERL_PLACEMENTS = ("colocate", "split")
 VERL_DEVICES = ("auto", "cpu", "cuda")
 VERL_RAY_UP = ("auto", "always", "never")
+VERL_ROLLOUTS = ("auto", "hf", "vllm")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "role-balanced")
 
 
@@ -177,6 +178,10 @@ class VerlConfig:
     ray_address: Optional[str] = None  # default: $RAY_ADDRESS (slurm/ray-up.sh), else a private local Ray
     ray_num_cpus: Optional[int] = None  # logical CPUs of a private local Ray
     ray_up: str = "auto"  # grid on SLURM: auto = slurm/ray-up.sh when a cell spans nodes; always; never
+    rollout: str = "auto"  # verl rollout replica per policy: auto = vllm on a GPU when installed, else hf
+    rollout_tp: int = 1  # vLLM tensor parallel size (the policy's other GPUs serve as data parallel)
+    rollout_gpu_memory_utilization: Optional[float] = None  # vLLM's share of a GPU; default 0.5 / colocated policies
+    rollout_max_model_len: int = 8192  # vLLM's longest prompt + response
 
 
 @dataclass
@@ -271,6 +276,12 @@ def validate(cfg: CellConfig) -> None:
     _choose("verl placement (verl.placement)", cfg.verl.placement, VERL_PLACEMENTS)
     _choose("verl device (verl.device)", cfg.verl.device, VERL_DEVICES)
     _choose("verl Ray bring-up (verl.ray_up)", cfg.verl.ray_up, VERL_RAY_UP)
+    _choose("verl rollout backend (verl.rollout)", cfg.verl.rollout, VERL_ROLLOUTS)
+    if cfg.verl.rollout == "vllm" and cfg.verl.device == "cpu":
+        raise ConfigError("verl.rollout=vllm needs a GPU; on a CPU use verl.rollout=hf (or auto)")
+    if cfg.verl.rollout_tp < 1 or cfg.verl.gpus_per_policy % cfg.verl.rollout_tp:
+        raise ConfigError(f"verl.rollout_tp={cfg.verl.rollout_tp} must divide "
+                          f"verl.gpus_per_policy={cfg.verl.gpus_per_policy}")
     if cfg.verl.gpus_per_policy < 1:
         raise ConfigError(f"verl.gpus_per_policy must be >= 1, got {cfg.verl.gpus_per_policy}")
     if cfg.engine == "verl" and cfg.sharing_cfg.full_finetune:

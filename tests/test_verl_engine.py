@@ -9,7 +9,9 @@ import subprocess
 import time
 
 import pytest
+import ray
 import torch
+from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from harness.engines.verl.engine import VerlEngine
 from harness.instrument.gradients import gradient_metrics
@@ -28,8 +30,6 @@ DEVICE_OVERRIDES = ((f"verl.device={DEVICE}",) if DEVICE == "cpu" else
 
 @pytest.fixture(scope="module")
 def ray_session():
-    import ray
-
     yield
     ray.shutdown()
 
@@ -82,6 +82,20 @@ def test_same_batch_same_numbers_on_both_engines(tmp_path, warm_model_dir, ray_s
                 assert max(local_result.kl.values()) > 0
         if "topology=voting" in overrides:
             assert metrics["role/voter/amplification"] > 1.2  # three voters push one adapter
+        # rollout goes through verl's replica registry; each replica serves its trainer's new adapter
+        for policy in local.policies:
+            assert isinstance(verl.replicas[policy], RolloutReplicaRegistry.get("hf"))
+            trained = verl.groups[policy].adapter_state()[0]
+            served = ray.get(verl.replicas[policy].server_handle.adapter_state.remote())
+            assert trained.keys() == served.keys() and len(trained) > 0
+            assert all(torch.equal(trained[k], served[k]) for k in trained), policy
+            assert [g.response_ids for g in local.generate(policy, prompts, sampling)] == \
+                   [g.response_ids for g in verl.generate(policy, prompts, sampling)]
+        # verl's token-in-token-out request (what its agent loop sends a vLLM server) answers alike
+        served = verl.generate(local.policies[0], prompts[:1], sampling)[0]
+        output = ray.get(verl.replicas[local.policies[0]].server_handle.generate.remote(
+            served.prompt_ids, {"temperature": 0.0, "max_tokens": 8}, "request-0"))
+        assert output.token_ids == served.response_ids
     finally:
         verl.shutdown()
 

@@ -1,6 +1,10 @@
 """The verl engine: one verl worker group (Ray actors, FSDP2) per policy behind the harness's
 engine protocol, so the same controller, workflows, probe and run directory drive it.
 
+Each policy also gets one verl rollout replica in hybrid mode (vLLM on a GPU, the harness's HF
+backend elsewhere; rollout.py): the controller's generation requests go to it, and after every
+update the policy's workers push their adapter to it.
+
 Placement: `colocate` puts every policy's workers on the same GPUs (one Ray resource pool,
 fractional GPUs per actor, as verl colocates actor/ref/rollout); `split` gives each policy its
 own GPUs. Each policy owns a copy of the base model: stock verl trains one LoRA adapter per
@@ -9,6 +13,7 @@ VERL_USE_EXTERNAL_MODULES and Ray is given logical GPUs.
 """
 from __future__ import annotations
 
+import asyncio
 import importlib
 import math
 import os
@@ -23,6 +28,8 @@ import torch
 from harness.engines.adapters import export_initial_adapters
 from harness.engines.base import UpdateResult, policy_batches
 from harness.engines.sampling import generate_grouped
+from harness.engines.verl.rollout import launch_replica, resolve_backend, rollout_config, run_sync
+from harness.engines.verl.rollout import sample as rollout_sample
 from harness.instrument.probe import PolicyGradients
 from harness.workflows import Generation, Sampling, Turn
 
@@ -121,31 +128,49 @@ class VerlEngine:
         if cfg.verl.placement == "colocate":
             self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=len(self.policies),
                                               name_prefix=f"cell_{tag}"))
-        self.groups = {}
+        self.groups, configs = {}, {}
         for policy in self.policies:
             if cfg.verl.placement == "split":
                 self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=1,
                                                   name_prefix=f"{policy}_{tag}"))
             self.pools[-1].get_placement_groups(device_name=self.device)  # verl's default asks for "cuda"
-            worker = RayClassWithInitArgs(ray.remote(PolicyWorker),
-                                          config=training_worker_config(cfg, model_dir, adapters[policy], self.device),
-                                          harness=harness)
+            configs[policy] = training_worker_config(cfg, model_dir, adapters[policy], self.device)
+            worker = RayClassWithInitArgs(ray.remote(PolicyWorker), config=configs[policy], harness=harness)
             self.groups[policy] = RayWorkerGroup(resource_pool=self.pools[-1], ray_cls_with_init=worker,
                                                  name_prefix=f"{policy}_{tag}")
         for group in self.groups.values():
             group.reset()  # builds model, FSDP, optimizer, scheduler on every rank
+        self.rollout = resolve_backend(cfg, self.device)
+        self.replicas = {}
+        for rank, (policy, group) in enumerate(self.groups.items()):
+            config = rollout_config(cfg, self.rollout, len(self.policies), seed)
+            group.init_rollout(config, rank)
+            self.replicas[policy] = launch_replica(self.rollout, config, configs[policy].model_config, group, rank)
+        self._sync_rollouts()
 
     # ---------------------------------------------------------------- generate
     def generate(self, policy: str, prompts: List[str], sampling: Sampling) -> List[Generation]:
+        """Sampled by the policy's rollout replica, which holds the weights of the last update."""
         tok = self.tokenizer
+        server = self.replicas[policy].server_handle
 
         def sample(input_ids, attention_mask, copies):
             seed = int(torch.randint(0, 2**62, (1,)))  # from the controller's per-step RNG: resumable
-            return self.groups[policy].generate(input_ids, attention_mask, copies, sampling.max_new_tokens,
-                                                sampling.temperature, sampling.greedy, tok.eos_token_id,
-                                                tok.pad_token_id, seed)[0].tolist()
+            return rollout_sample(self.rollout, server, input_ids, attention_mask, copies, sampling.max_new_tokens,
+                                  sampling.temperature, sampling.greedy, tok.eos_token_id, tok.pad_token_id, seed)
 
         return generate_grouped(tok, prompts, sample)
+
+    def _sync_rollouts(self) -> None:
+        """Every policy's rollout server gets its trainer's current weights (all groups at once)."""
+        import ray
+
+        ray.get([ref for group in self.groups.values() for ref in group.sync_rollout()])
+
+    def _sleep_rollouts(self) -> None:
+        """Free the rollout servers' GPU memory for training (a no-op for HF and on a CPU)."""
+        if self.rollout == "vllm":
+            run_sync(asyncio.gather(*(replica.sleep() for replica in self.replicas.values())))
 
     # ---------------------------------------------------------------- update
     def update(self, samples: Sequence[Turn], probe=None) -> UpdateResult:
@@ -153,6 +178,7 @@ class VerlEngine:
         import ray
 
         want_kl = self.cfg.algo.kl_coef > 0 or self.cfg.instrument.kl_to_base
+        self._sleep_rollouts()
         pending = {}
         batches = policy_batches(samples)
         for policy in [p for p in self.policies if p in batches]:  # every worker group steps at once
@@ -180,6 +206,7 @@ class VerlEngine:
         result.entropy = {r: role_sums["entropy"][r] / tokens[r] for r in tokens if tokens[r]}
         if want_kl:
             result.kl = {r: role_sums["kl"][r] / tokens[r] for r in tokens if tokens[r]}
+        self._sync_rollouts()
         return result
 
     # ---------------------------------------------------------------- checkpoints
@@ -190,14 +217,18 @@ class VerlEngine:
     def load(self, path: Path) -> None:
         for policy, group in self.groups.items():
             group.load(str(Path(path).resolve() / "verl" / policy))
+        self._sync_rollouts()
 
     def shutdown(self) -> None:
         import ray
 
+        for replica in getattr(self, "replicas", {}).values():
+            for server in replica.servers:
+                ray.kill(server)
         for group in self.groups.values():
             for worker in group.workers:
                 ray.kill(worker)
         for pool in self.pools:
             for placement_group in pool.pgs or []:
                 ray.util.remove_placement_group(placement_group)
-        self.groups, self.pools = {}, []
+        self.groups, self.pools, self.replicas = {}, [], {}

@@ -9,6 +9,7 @@ function of it. Then verl's `optimizer_step` clips (reporting the norm before cl
 """
 from __future__ import annotations
 
+import asyncio
 import os
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
@@ -22,7 +23,6 @@ from verl.workers.engine_workers import TrainingWorker
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
 from harness.algo.loss import BatchNorm, aggregate, kl_to_reference, ppo_clip_loss
-from harness.engines.sampling import sample_repeated
 from harness.engines.verl.batch import shard_rows
 
 Slot = Tuple[str, int]
@@ -149,18 +149,46 @@ class PolicyWorker(TrainingWorker):
                 "update_norm": update_sq ** 0.5, "param_norm": param_sq ** 0.5, "stats": stats}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: int, max_new_tokens: int,
-                 temperature: float, greedy: bool, eos_id: int, pad_id: int, seed: int) -> torch.Tensor:
-        """HF-style sampling with the policy's current weights (every rank runs it: FSDP gathers
-        parameters in the forward); the same seed on every rank gives the same samples."""
-        torch.manual_seed(seed)
-        if get_device_name() != "cpu":
-            torch.cuda.manual_seed(seed)
-            device = torch.device(get_device_name(), torch.cuda.current_device())
-            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        with self.engine.eval_mode(), torch.no_grad():
-            return sample_repeated(self.engine.module, input_ids, attention_mask, repeats, max_new_tokens,
-                                   temperature, greedy, eos_id, pad_id).cpu()
+    def init_rollout(self, rollout_config, replica_rank: int) -> None:
+        """This policy's rollout inside the worker (verl's `BaseRollout` for the configured backend),
+        talking to the replica server numbered `replica_rank`."""
+        from verl.workers.rollout.base import get_rollout_class
+
+        from harness.engines.verl.hf_rollout import register
+
+        register()  # "hf" in verl's registries of this worker process
+
+        self.rollout = get_rollout_class(rollout_config.name, rollout_config.mode)(
+            config=rollout_config, model_config=self.model_config, device_mesh=None, replica_rank=replica_rank)
+        self._base_synced = "dummy" not in rollout_config.load_format
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    async def sync_rollout(self, global_steps: Optional[int] = None) -> None:
+        """Push the trainer's weights to the rollout server: verl's naive hybrid sync
+        (`ActorRolloutRefWorker.update_weights`): wake the weights, send the base once when the
+        server started without it, send the adapter, wake the KV cache."""
+        free = self.rollout.config.free_cache_engine
+        if free:
+            await self.rollout.resume(tags=["weights"])
+        weights, peft_config = self.engine.get_per_tensor_param(layered_summon=False, base_sync_done=True)
+        if peft_config is not None and not self._base_synced:
+            base, _ = self.engine.get_per_tensor_param(layered_summon=False, base_sync_done=False)
+            await self.rollout.update_weights(base, peft_config=None, base_sync_done=False, global_steps=global_steps)
+        await self.rollout.update_weights(weights, peft_config=peft_config, base_sync_done=True,
+                                          global_steps=global_steps)
+        self._base_synced = True
+        if free:
+            await asyncio.to_thread(dist.barrier)
+            await self.rollout.resume(tags=["kv_cache"])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def adapter_state(self) -> Dict[str, torch.Tensor]:
+        """The trained adapter, full tensors (tests compare it with the rollout server's)."""
+        from peft import get_peft_model_state_dict
+
+        module = getattr(self.engine.module, "_fsdp_wrapped_module", self.engine.module)
+        return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().float().cpu()
+                for k, v in get_peft_model_state_dict(module).items()}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> None:

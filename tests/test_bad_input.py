@@ -29,7 +29,7 @@ CASES = [
     (["workflow.prompts.judge=x"], "valid keys of workflow.prompts: solver, generator"),
     (["engine=megatron"], "unknown engine 'megatron'; valid choices: local, verl"),
     (["engine=verl", "verl.placement=spread"], "valid choices: colocate, split"),
-    (["engine=verl", "verl.rollout=sglang"], "unknown verl rollout backend 'sglang'; valid choices: auto, hf, vllm"),
+    (["engine=verl", "verl.rollout=sglang"], "(verl.rollout) 'sglang'; valid choices: auto, hf, vllm"),
     (["engine=verl", "verl.device=cpu", "verl.rollout=vllm"], "verl.rollout=vllm needs a GPU"),
     (["engine=verl", "verl.gpus_per_policy=2", "verl.rollout_tp=4"], "verl.rollout_tp=4 must divide"),
     (["engine=verl", "sharing=sp", "sharing_cfg.full_finetune=true"], "engine=verl trains LoRA adapters"),

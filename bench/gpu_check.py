@@ -25,6 +25,7 @@ def main() -> int:
     parser.add_argument("--topology", default="voting")
     parser.add_argument("--sharing", default="ip")
     parser.add_argument("--device", default="cuda", help="cpu: rehearse the script on a machine without a GPU")
+    parser.add_argument("--rollout", default="auto", help="verl rollout replicas: vllm, hf, auto")
     args = parser.parse_args()
     import torch
 
@@ -35,17 +36,18 @@ def main() -> int:
         print(f"device: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}")
     cell = [f"root={args.root}", "engine=verl", f"verl.device={args.device}", "verl.attn_implementation=sdpa",
             f"topology={args.topology}", f"sharing={args.sharing}", f"steps={args.steps}", "val_every=5",
-            "progress=false", "report=false", "wandb.enabled=false", "sweep=gpu_check"]
+            f"verl.rollout={args.rollout}", "progress=false", "report=false", "wandb.enabled=false",
+            f"sweep=gpu_check-{args.rollout}"]
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "harness.run", *cell], cwd=REPO, capture_output=True, text=True)
     wall = time.time() - started
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-6000:], sep="\n", file=sys.stderr)
         return 1
-    run = next((Path(args.root) / "gpu_check").iterdir())
+    run = next((Path(args.root) / f"gpu_check-{args.rollout}").iterdir())
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     step_s = statistics.median(m["time/step_s"] for m in metrics[1:]) if len(metrics) > 1 else metrics[0]["time/step_s"]
-    print(f"cell {run.name}: {len(metrics)} steps in {wall:.1f} s wall (with Ray start and warm-up); "
+    print(f"cell {run.name}, rollout {args.rollout}: {len(metrics)} steps in {wall:.1f} s wall (with Ray start and warm-up); "
           f"median step {step_s:.2f} s = {1 / step_s:.2f} steps/s")
     last = metrics[-1]
     keys = sorted(k for k in last if k.startswith(("role/", "policy/")) or k in ("reward/mean", "loss", "val/accuracy"))

@@ -3,7 +3,8 @@
 # (`pip install .[gpu]` with a CUDA torch) and this repository; the tiny model is built locally.
 #   1. the parity test on CUDA: engine=local (CPU) and engine=verl (CUDA, fp32) on the same batch
 #      give the same per-role losses, grad norms and coherence (1e-4);
-#   2. one short engine=verl cell (voting, IP, bf16): steps/s and per-role metrics.
+#   2. one short engine=verl cell (voting, IP, bf16) with the HF rollout replicas, and one with
+#      vLLM rollout replicas (LoRA, hybrid mode) when vllm is installed: steps/s, per-role metrics.
 # Output goes to stdout and, if $OUT is set, to $OUT/gpu_check.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,5 +14,10 @@ export WANDB_MODE=offline OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} MARL_VERL_DEVICE
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   $PY -m pytest -q -p no:warnings tests/test_verl_engine.py -k same_batch
-  $PY bench/gpu_check.py --root "${OUT:-/tmp}/gpu_check_runs" --steps "${STEPS:-10}"
+  $PY bench/gpu_check.py --root "${OUT:-/tmp}/gpu_check_runs" --steps "${STEPS:-10}" --rollout hf
+  if $PY -c "import vllm" 2>/dev/null; then
+    $PY bench/gpu_check.py --root "${OUT:-/tmp}/gpu_check_runs" --steps "${STEPS:-10}" --rollout vllm
+  else
+    echo "gpu_check: vllm is not installed; the vLLM rollout was not run"
+  fi
 } 2>&1 | tee "$LOG"

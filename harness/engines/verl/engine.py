@@ -146,6 +146,7 @@ class VerlEngine:
             config = rollout_config(cfg, self.rollout, len(self.policies), seed)
             group.init_rollout(config, rank)
             self.replicas[policy] = launch_replica(self.rollout, config, configs[policy].model_config, group, rank)
+        self._sleep_rollouts()  # as verl's trainer: replicas sleep until the first weight sync
         self._sync_rollouts()
 
     # ---------------------------------------------------------------- generate
@@ -217,6 +218,7 @@ class VerlEngine:
     def load(self, path: Path) -> None:
         for policy, group in self.groups.items():
             group.load(str(Path(path).resolve() / "verl" / policy))
+        self._sleep_rollouts()
         self._sync_rollouts()
 
     def shutdown(self) -> None:

@@ -76,7 +76,7 @@ def sample(backend: str, server, input_ids: torch.Tensor, attention_mask: torch.
         return ray.get(server.sample.remote(input_ids, attention_mask, copies, max_new_tokens, temperature, greedy,
                                             eos_id, pad_id, seed)).tolist()
     prompts = [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
-    params = dict(temperature=0.0 if greedy else temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens)
+    params = dict(temperature=0.0 if greedy else temperature, max_tokens=max_new_tokens)
     refs = [server.generate.remote(prompt_ids=prompt, sampling_params={**params, "seed": seed + i * copies + k},
                                    request_id=uuid.uuid4().hex)
             for i, prompt in enumerate(prompts) for k in range(copies)]

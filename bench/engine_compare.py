@@ -2,8 +2,9 @@
 update step and episode batch, interleaved (local, verl, local, ...), medians compared.
 
 What the ratio shows on a CPU is the price of the distributed stack for a 0.5 M-parameter model
-(Ray calls, FSDP2 all-gathers, verl's padding removal), not a speed-up: the verl engine exists for
-GPU clusters. Also prints the largest per-role difference between the engines on that batch.
+(Ray calls, FSDP2 all-gathers, verl's padding removal, the weight sync to the rollout replicas
+inside the update, the episodes sampled by the HF rollout servers), not a speed-up: the verl
+engine exists for GPU clusters. Also prints the largest per-role difference between the engines on that batch.
 Usage: python bench/engine_compare.py [--repeats 7]
 """
 from __future__ import annotations

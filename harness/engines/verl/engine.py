@@ -169,9 +169,11 @@ class VerlEngine:
         ray.get([ref for group in self.groups.values() for ref in group.sync_rollout()])
 
     def _sleep_rollouts(self) -> None:
-        """Free the rollout servers' GPU memory for training (a no-op for HF and on a CPU)."""
-        if self.rollout == "vllm":
-            run_sync(asyncio.gather(*(replica.sleep() for replica in self.replicas.values())))
+        """Free the rollout servers' GPU memory for training (vLLM; the HF servers keep theirs)."""
+        async def sleep_all():
+            await asyncio.gather(*(replica.sleep() for replica in self.replicas.values()))
+
+        run_sync(sleep_all())
 
     # ---------------------------------------------------------------- update
     def update(self, samples: Sequence[Turn], probe=None) -> UpdateResult:

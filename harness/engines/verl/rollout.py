@@ -44,7 +44,7 @@ def rollout_config(cfg, backend: str, n_policies: int, seed: int):
     dp = max(1, v.gpus_per_policy // tp) if backend == "vllm" else 1
     share = v.rollout_gpu_memory_utilization or round(0.5 / (n_policies if v.placement == "colocate" else 1), 3)
     return RolloutConfig(name=backend, mode="async", tensor_model_parallel_size=tp, data_parallel_size=dp,
-                         gpu_memory_utilization=share, free_cache_engine=backend == "vllm", load_format="auto",
+                         gpu_memory_utilization=share, free_cache_engine=True, load_format="auto",
                          max_model_len=v.rollout_max_model_len, dtype="bfloat16" if v.param_dtype == "bf16" else "float32",
                          enforce_eager=True, seed=seed, enable_sleep_mode=backend == "vllm",
                          prompt_length=v.rollout_max_model_len // 2, response_length=v.rollout_max_model_len // 2)

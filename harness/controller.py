@@ -75,7 +75,9 @@ class Controller:
             assign_rewards(episode, self.cfg.reward)
         assign_advantages(episodes, self.cfg.algo.norm_adv_by_std)
         probe = GradientProbe()
-        update = self.engine.update([t for e in episodes for t in e.turns], probe)
+        update_started = time.perf_counter()
+        update = self.engine.update([t for e in episodes for t in e.turns], probe)  # verl: + rollout weight sync
+        update_s = time.perf_counter() - update_started
         metrics = rollout_metrics(episodes)
         metrics.update(gradient_metrics(probe))
         metrics["loss"] = update.loss
@@ -91,6 +93,7 @@ class Controller:
             metrics[f"role/{role}/kl"] = value
         metrics["skipped_policies"] = float(len(update.skipped))
         metrics["time/rollout_s"] = rollout_s
+        metrics["time/update_s"] = update_s
         metrics["time/step_s"] = time.perf_counter() - started
         metrics["time/generate_calls"] = float(len(scheduler.calls))
         return StepResult(metrics, episodes)

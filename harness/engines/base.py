@@ -26,7 +26,6 @@ class UpdateResult:
     role_loss: Dict[str, float] = field(default_factory=dict)  # each role's share of its policy's loss
 
 
-
 @dataclass
 class PolicyBatch:
     """One policy's share of an update: its whole-batch normalisers and its turns grouped by role
@@ -50,6 +49,7 @@ def policy_batches(samples: Sequence[Turn]) -> Dict[str, PolicyBatch]:
             slots[t.slot].append(t)
         batches[policy] = PolicyBatch(BatchNorm(sum(role_tokens.values()), len(turns), dict(role_tokens)), dict(slots))
     return batches
+
 
 class Engine(Protocol):
     policies: List[str]

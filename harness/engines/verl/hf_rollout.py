@@ -76,9 +76,17 @@ class HFRolloutServer:
             unexpected = [k for k in result.unexpected_keys if "lora_" in k]
             if unexpected:
                 raise RuntimeError(f"rollout adapter sync: {len(unexpected)} unknown tensors, e.g. {unexpected[0]}")
-        else:
+        else:  # HF names; under LoRA the wrapped layers keep theirs in `.base_layer`
             base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-            base.load_state_dict(named, strict=False)
+            own = base.state_dict()
+            renamed = {}
+            for name, tensor in named.items():
+                stem, _, leaf = name.rpartition(".")
+                target = name if name in own else f"{stem}.base_layer.{leaf}"
+                if target not in own:
+                    raise RuntimeError(f"rollout weight sync: the rollout model has no tensor {name}")
+                renamed[target] = tensor
+            base.load_state_dict(renamed, strict=False)
         self.global_steps = global_steps
         self.syncs += 1
         return self.syncs
@@ -158,14 +166,16 @@ class HFServerAdapter(BaseRollout):
 
     @torch.no_grad()
     async def update_weights(self, weights: Generator[Tuple[str, torch.Tensor], None, None],
-                             wire_format: str = "named_tensors", peft_config=None, global_steps: Optional[int] = None,
-                             **_kwargs):
+                             wire_format: str = "named_tensors", peft_config=None, base_sync_done: bool = True,
+                             global_steps: Optional[int] = None, **_kwargs):
+        """Adapter tensors (`peft_config` set, `base_sync_done`), else the full base weights."""
         if wire_format != "named_tensors":
             raise NotImplementedError(f"the hf rollout takes named tensors, not {wire_format!r}")
         named = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().float().cpu()
                  for name, t in weights}
         if self._has_server:
-            await self._server_handle().load_weights.remote(named, peft_config is not None, global_steps)
+            await self._server_handle().load_weights.remote(named, peft_config is not None and base_sync_done,
+                                                            global_steps)
 
 
 class HFReplica(RolloutReplica):

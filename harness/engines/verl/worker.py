@@ -172,8 +172,9 @@ class PolicyWorker(TrainingWorker):
             await self.rollout.resume(tags=["weights"])
         weights, peft_config = self.engine.get_per_tensor_param(layered_summon=False, base_sync_done=True)
         if peft_config is not None and not self._base_synced:
-            base, _ = self.engine.get_per_tensor_param(layered_summon=False, base_sync_done=False)
-            await self.rollout.update_weights(base, peft_config=None, base_sync_done=False, global_steps=global_steps)
+            base, base_peft = self.engine.get_per_tensor_param(layered_summon=False, base_sync_done=False)
+            await self.rollout.update_weights(base, peft_config=base_peft, base_sync_done=False,
+                                              global_steps=global_steps)
         await self.rollout.update_weights(weights, peft_config=peft_config, base_sync_done=True,
                                           global_steps=global_steps)
         self._base_synced = True

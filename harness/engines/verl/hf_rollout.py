@@ -46,7 +46,7 @@ class HFRolloutServer:
         self.device = torch.device("cuda:0" if visible_devices is not None and torch.cuda.is_available() else "cpu")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
-        model = AutoModelForCausalLM.from_pretrained(model_config.local_path, torch_dtype=dtype,
+        model = AutoModelForCausalLM.from_pretrained(model_config.local_path, dtype=dtype,
                                                      attn_implementation="sdpa")
         if model_config.lora_rank > 0:
             from peft import LoraConfig, PeftModel, get_peft_model

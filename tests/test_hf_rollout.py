@@ -18,7 +18,7 @@ def server(tmp_path, warm_model_dir):
     model_config = SimpleNamespace(local_path=str(warm_model_dir), lora_rank=cfg.model.lora_rank,
                                    lora_alpha=cfg.model.lora_alpha, target_modules=list(cfg.model.lora_targets),
                                    lora_adapter_path=str(adapter))
-    return HFRolloutServer(model_config, replica_rank=0)
+    return HFRolloutServer(model_config)
 
 
 def _greedy(server, prompt_ids, eos=-1):

@@ -38,7 +38,7 @@ class HFRolloutServer:
     """The rollout model of one replica: the base checkpoint from disk with the policy's LoRA
     adapter on top, overwritten by every weight sync. Runs on the device it is given."""
 
-    def __init__(self, model_config, replica_rank: int, visible_devices: Optional[str] = None):
+    def __init__(self, model_config, visible_devices: Optional[str] = None):
         from transformers import AutoModelForCausalLM
 
         if visible_devices is not None:
@@ -59,7 +59,6 @@ class HFRolloutServer:
                     r=model_config.lora_rank, lora_alpha=model_config.lora_alpha, lora_dropout=0.0,
                     target_modules=target if isinstance(target, str) else list(target)))
         self.model = model.to(self.device).eval()
-        self.replica_rank = replica_rank
         self.global_steps: Optional[int] = None
         self.syncs = 0
 
@@ -171,8 +170,7 @@ class HFServerAdapter(BaseRollout):
         """Adapter tensors (`peft_config` set, `base_sync_done`), else the full base weights."""
         if wire_format != "named_tensors":
             raise NotImplementedError(f"the hf rollout takes named tensors, not {wire_format!r}")
-        named = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().float().cpu()
-                 for name, t in weights}
+        named = {name: t.detach().float().cpu() for name, t in weights}  # verl yields full tensors
         if self._has_server:
             await self._server_handle().load_weights.remote(named, peft_config is not None and base_sync_done,
                                                             global_steps)
@@ -180,11 +178,6 @@ class HFServerAdapter(BaseRollout):
 
 class HFReplica(RolloutReplica):
     """One HF rollout server per replica, placed on the node of the replica's first worker."""
-
-    def rollout_worker_use_gpu(self) -> bool:
-        from verl.utils.device import get_device_name
-
-        return get_device_name() != "cpu"
 
     async def launch_servers(self):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -198,7 +191,7 @@ class HFReplica(RolloutReplica):
             name=server_name(self.replica_rank), num_cpus=0, max_concurrency=self.max_concurrency,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
             runtime_env={"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}},
-        ).remote(self.model_config, self.replica_rank, visible)
+        ).remote(self.model_config, visible)
         await server.ready.remote()
         self.servers = [server]
         self._server_handle = server

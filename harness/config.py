@@ -22,6 +22,9 @@ VERL_DEVICES = ("auto", "cpu", "cuda")
 VERL_RAY_UP = ("auto", "always", "never")
 VERL_ROLLOUTS = ("auto", "hf", "vllm")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "role-balanced")
+LR_SCHEDULES = ("constant", "cosine")
+CLIP_SCOPES = ("policy", "cell")
+ADV_GROUPINGS = ("episode", "turn")
 
 
 class ConfigError(ValueError):
@@ -59,13 +62,27 @@ class ModelConfig:
 
 @dataclass
 class AlgoConfig:
+    """GRPO with verl's PPO update: each policy's rows are cut into mini-batches of
+    `ppo_mini_batch_size` problems' worth (x group_size rows), one optimizer step each, over
+    `ppo_epochs`; old log-probs come from the behaviour weights before the first step."""
+
     problems_per_step: int = 8
     group_size: int = 4  # G episodes per problem
+    ppo_mini_batch_size: int = 8  # problems per mini-batch (verl's count): rows = this x group_size
+    ppo_epochs: int = 1
+    shuffle: bool = False  # shuffle a policy's rows before cutting mini-batches, seeded from (seed, step, epoch)
     lr: float = 1e-3
+    lr_schedule: str = "constant"  # constant | cosine (verl's schedulers), stepped once per training step
+    lr_warmup_steps: int = 0  # linear warm-up from 0 over this many training steps
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    clip_scope: str = "policy"  # policy: each policy clips its own norm (verl); cell: one norm over all policies
     clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None  # default: clip_ratio
+    clip_ratio_high: Optional[float] = None  # default: clip_ratio (the study: 0.28)
+    clip_ratio_c: Optional[float] = 3.0  # dual clip for negative advantages (verl's default); null: off
     loss_agg: str = "token-mean"
+    adv_grouping: str = "episode"  # episode: a role's turns share its episode's advantage; turn: per input
     norm_adv_by_std: bool = True
     kl_coef: float = 0.0  # > 0: KL to the base model (adapter disabled)
     micro_batch_size: int = 64
@@ -227,6 +244,8 @@ class CellConfig:
     cell_id: Optional[str] = None  # default: derived from the axis values
     val_every: int = 10
     val_problems: int = 64
+    val_samples: int = 4  # sampled episodes per validation problem (at algo.temperature); accuracy +- its SE
+    val_greedy: bool = False  # true: one greedy episode per problem instead
     ckpt_every: int = 10
     samples_every: int = 20
     progress: bool = True
@@ -292,6 +311,9 @@ def validate(cfg: CellConfig) -> None:
         "algo.problems_per_step": cfg.algo.problems_per_step,
         "algo.group_size": cfg.algo.group_size,
         "algo.micro_batch_size": cfg.algo.micro_batch_size,
+        "algo.ppo_mini_batch_size": cfg.algo.ppo_mini_batch_size,
+        "algo.ppo_epochs": cfg.algo.ppo_epochs,
+        "val_samples": cfg.val_samples,
         "workflow.n_votes": cfg.workflow.n_votes,
         "workflow.max_iterations": cfg.workflow.max_iterations,
         "workflow.max_subtasks": cfg.workflow.max_subtasks,
@@ -305,8 +327,19 @@ def validate(cfg: CellConfig) -> None:
             raise ConfigError(f"{name} must be >= 1, got {value}")
     if cfg.algo.group_size < 2:
         raise ConfigError("algo.group_size must be >= 2: GRPO normalises rewards within a group")
-    if cfg.algo.lr <= 0:
+    if not cfg.algo.lr > 0:  # NaN too
         raise ConfigError(f"algo.lr must be > 0, got {cfg.algo.lr}")
+    _choose("learning-rate schedule (algo.lr_schedule)", cfg.algo.lr_schedule, LR_SCHEDULES)
+    _choose("gradient clipping scope (algo.clip_scope)", cfg.algo.clip_scope, CLIP_SCOPES)
+    _choose("advantage grouping (algo.adv_grouping)", cfg.algo.adv_grouping, ADV_GROUPINGS)
+    if cfg.algo.lr_warmup_steps < 0:
+        raise ConfigError(f"algo.lr_warmup_steps must be >= 0, got {cfg.algo.lr_warmup_steps}")
+    for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        value = getattr(cfg.algo, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"algo.{name} must be > 0, got {value}")
+    if cfg.algo.clip_ratio_c is not None and not cfg.algo.clip_ratio_c > 1:
+        raise ConfigError(f"algo.clip_ratio_c (dual clip) must be > 1 or null, got {cfg.algo.clip_ratio_c}")
     for name in ("amplification", "capture", "drift", "collapse", "nonfinite"):
         _choose(f"action (monitors.{name}.action)", getattr(cfg.monitors, name).action, ACTIONS)
     _choose("wandb mode (wandb.mode)", cfg.wandb.mode, ("offline", "online", "disabled"))

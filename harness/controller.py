@@ -1,15 +1,18 @@
 """One GRPO step of a multi-agent cell, start to finish — the algorithm in one place:
 
     problems ─▶ G episodes each (workflow programs, batched generate per policy)
-             ─▶ reward per turn ─▶ group advantages per role slot
-             ─▶ engine.update(turns, probe) ─▶ per-role metrics
+             ─▶ reward per turn ─▶ GRPO advantages (a role's turns share their episode's)
+             ─▶ engine.update(turns, probe, step): per policy, PPO mini-batches over epochs,
+                one optimizer step each (engines/base.py) ─▶ per-role metrics
 
 Every step is seeded from (seed, step) alone, so a resumed run replays exactly the steps a
 killed one would have taken.
 """
 from __future__ import annotations
 
+import math
 import random
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
@@ -17,6 +20,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from harness.algo.grpo import assign_advantages
+from harness.engines.base import lr_multiplier
 from harness.instrument.gradients import gradient_metrics
 from harness.instrument.probe import GradientProbe
 from harness.instrument.rollout import rollout_metrics
@@ -73,24 +77,15 @@ class Controller:
         rollout_s = time.perf_counter() - started
         for episode in episodes:
             assign_rewards(episode, self.cfg.reward)
-        assign_advantages(episodes, self.cfg.algo.norm_adv_by_std)
+        assign_advantages(episodes, self.cfg.algo.norm_adv_by_std, self.cfg.algo.adv_grouping)
         probe = GradientProbe()
         update_started = time.perf_counter()
-        update = self.engine.update([t for e in episodes for t in e.turns], probe)  # verl: + rollout weight sync
+        update = self.engine.update([t for e in episodes for t in e.turns], probe, step)  # verl: + rollout weight sync
         update_s = time.perf_counter() - update_started
         metrics = rollout_metrics(episodes)
         metrics.update(gradient_metrics(probe))
-        metrics["loss"] = update.loss
-        for policy, value in update.policy_grad_norm.items():
-            metrics[f"policy/{policy}/grad_norm"] = value
-        for policy, value in update.policy_update_norm.items():
-            metrics[f"policy/{policy}/update_norm"] = value
-            metrics[f"policy/{policy}/param_norm"] = update.policy_param_norm[policy]
-            metrics[f"policy/{policy}/update_ratio"] = value / max(update.policy_param_norm[policy], 1e-12)
-        for role, value in update.entropy.items():
-            metrics[f"role/{role}/entropy"] = value
-        for role, value in update.kl.items():
-            metrics[f"role/{role}/kl"] = value
+        metrics.update(update_metrics(update))
+        metrics["lr"] = self.cfg.algo.lr * lr_multiplier(self.cfg.algo, self.cfg.steps, step)
         metrics["skipped_policies"] = float(len(update.skipped))
         metrics["time/rollout_s"] = rollout_s
         metrics["time/update_s"] = update_s
@@ -100,13 +95,48 @@ class Controller:
 
     @torch.no_grad()
     def validate(self, step: int) -> Dict[str, float]:
-        """Greedy episodes on the validation split; keys under val/."""
+        """`val_samples` sampled episodes per validation problem at the rollout temperature (or one
+        greedy episode with `val_greedy`); keys under val/, with the accuracy's standard error over
+        problems (each problem's mean over its samples is one observation)."""
         self._seed(step, salt=1)
-        episodes, _ = self.rollout(self.val_problems, 1, greedy=True)
+        k = 1 if self.cfg.val_greedy else self.cfg.val_samples
+        episodes, _ = self.rollout(self.val_problems, k, greedy=self.cfg.val_greedy)
         for episode in episodes:
             assign_rewards(episode, self.cfg.reward)
         metrics = rollout_metrics(episodes, prefix="val/")
-        return {k: v for k, v in metrics.items() if k.endswith(("accuracy", "format_ok", "response_length"))}
+        kept = {k: v for k, v in metrics.items()
+                if k.endswith(("accuracy", "format_ok", "response_length", "distinct_candidates"))}
+        kept["val/accuracy_se"] = accuracy_standard_error(episodes)
+        return kept
+
+
+def accuracy_standard_error(episodes: List[Episode]) -> float:
+    """Standard error of the mean accuracy over problems (episodes grouped by `group`)."""
+    per_problem: Dict[int, List[float]] = {}
+    for e in episodes:
+        per_problem.setdefault(e.group, []).append(1.0 if e.grade is not None and e.grade.correct else 0.0)
+    means = [sum(v) / len(v) for v in per_problem.values()]
+    if len(means) < 2:
+        return 0.0
+    return statistics.stdev(means) / math.sqrt(len(means))
+
+
+def update_metrics(update) -> Dict[str, float]:
+    """An engine's UpdateResult as flat metric keys (policy/<p>/..., role/<r>/...)."""
+    metrics: Dict[str, float] = {"loss": update.loss}
+    per_policy = {"grad_norm": update.policy_grad_norm, "grad_norm_mb_mean": update.grad_norm_mean,
+                  "update_norm": update.policy_update_norm, "param_norm": update.policy_param_norm,
+                  "optimizer_steps": update.optimizer_steps, "drift": update.drift, "drift_rate": update.drift_rate}
+    for name, values in per_policy.items():
+        for policy, value in values.items():
+            metrics[f"policy/{policy}/{name}"] = float(value)
+    for policy, value in update.policy_update_norm.items():
+        metrics[f"policy/{policy}/update_ratio"] = value / max(update.policy_param_norm[policy], 1e-12)
+    per_role = {"entropy": update.entropy, "kl": update.kl, "clipfrac": update.clipfrac, "ratio": update.ratio}
+    for name, values in per_role.items():
+        for role, value in values.items():
+            metrics[f"role/{role}/{name}"] = value
+    return metrics
 
 
 def sample_records(step: int, episodes: List[Episode], n: int) -> List[dict]:

@@ -10,6 +10,7 @@ from harness.instrument.gradients import gradient_metrics
 from harness.instrument.probe import GradientProbe, flat_grad
 from harness.algo.grpo import assign_advantages
 from harness.algo.loss import BatchNorm
+from harness.engines.base import update_plan
 from harness.rewards import assign_rewards
 from harness.sharing import PolicyMap
 from harness.tasks import build_task
@@ -33,10 +34,12 @@ def _setup(tmp_path, warm_model_dir, *overrides):
 
 
 def _brute_force(engine, turns):
-    """g_i for every (policy, slot) from its own backward, with the same whole-batch normalisers."""
+    """g_i for every (policy, slot) of each policy's first mini-batch from its own backward, with the
+    mini-batch's normalisers (the first optimizer step is on-policy: ratio 1)."""
     grads = {}
+    plan = update_plan(turns, engine.cfg.algo, engine.seed, 0)
     for policy in engine.policies:
-        mine = [t for t in turns if t.policy == policy]
+        mine = plan[policy][0].turns
         role_tokens = {}
         for t in mine:
             role_tokens[t.role] = role_tokens.get(t.role, 0) + len(t.response_ids)
@@ -44,7 +47,7 @@ def _brute_force(engine, turns):
         engine._activate(policy)
         for slot in dict.fromkeys(t.slot for t in mine):
             engine.optimizers[policy].zero_grad(set_to_none=True)
-            stats = {"entropy": {slot[0]: 0.0}, "kl": {slot[0]: 0.0}, "tokens": {slot[0]: 0.0}}
+            stats = {k: {slot[0]: 0.0} for k in ("entropy", "kl", "tokens", "clipped", "ratio")}
             engine.micro_batch_loss([t for t in mine if t.slot == slot], norm, slot[0], stats).backward()
             grads[(policy, slot)] = flat_grad(engine.params[policy]).double()
         engine.optimizers[policy].zero_grad(set_to_none=True)
@@ -67,6 +70,13 @@ def test_probe_matches_brute_force(tmp_path, warm_model_dir, topology, sharing, 
         assert torch.allclose(pg.gram, vectors @ vectors.T, atol=1e-5, rtol=1e-4)
         # the instances add up to the policy's own (pre-clipping) gradient norm
         assert math.isclose(math.sqrt(pg.gram.sum()), result.policy_grad_norm[policy], rel_tol=1e-4)
+    # every later (off-policy) mini-batch too: its instances add up to that optimizer step's own norm
+    plan = update_plan(turns, cfg.algo, engine.seed, 0)
+    for policy, rounds in probe.rounds.items():
+        assert len(rounds) == len(plan[policy]) == len(result.minibatches[policy]) == result.optimizer_steps[policy]
+        for pg, minibatch, step in zip(rounds, plan[policy], result.minibatches[policy]):
+            assert set(pg.slots) == set(minibatch.slots)
+            assert math.isclose(math.sqrt(pg.gram.sum()), step["grad_norm"], rel_tol=1e-4)
     metrics = gradient_metrics(probe)
     shares = [v for k, v in metrics.items() if k.endswith("/grad_share")]
     assert math.isclose(sum(shares), 1.0, rel_tol=1e-6)

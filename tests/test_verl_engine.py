@@ -39,15 +39,24 @@ def _close(a: float, b: float, what: str) -> None:
 
 
 def _compare(local_result, local_probe, verl_result, verl_probe) -> dict:
+    assert local_result.optimizer_steps == verl_result.optimizer_steps
     for policy, norm in local_result.policy_grad_norm.items():
         _close(norm, verl_result.policy_grad_norm[policy], f"{policy} grad norm")
+        _close(local_result.grad_norm_mean[policy], verl_result.grad_norm_mean[policy], f"{policy} mean grad norm")
         _close(local_result.policy_update_norm[policy], verl_result.policy_update_norm[policy], f"{policy} update norm")
         _close(local_result.policy_param_norm[policy], verl_result.policy_param_norm[policy], f"{policy} param norm")
+        _close(local_result.drift[policy], verl_result.drift[policy], f"{policy} drift")
+        _close(local_result.drift_rate[policy], verl_result.drift_rate[policy], f"{policy} drift rate")
+        for k, (a, b) in enumerate(zip(local_result.minibatches[policy], verl_result.minibatches[policy])):
+            _close(a["loss"], b["loss"], f"{policy} mini-batch {k} loss")
+            _close(a["grad_norm"], b["grad_norm"], f"{policy} mini-batch {k} grad norm")
     assert set(local_result.role_loss) == set(verl_result.role_loss)
     for role, loss in local_result.role_loss.items():
         _close(loss, verl_result.role_loss[role], f"{role} loss")
         _close(local_result.entropy[role], verl_result.entropy[role], f"{role} entropy")
         _close(local_result.kl.get(role, 0.0), verl_result.kl.get(role, 0.0), f"{role} kl")
+        _close(local_result.clipfrac[role], verl_result.clipfrac[role], f"{role} clipfrac")
+        _close(local_result.ratio[role], verl_result.ratio[role], f"{role} ratio")
     local_metrics, verl_metrics = gradient_metrics(local_probe), gradient_metrics(verl_probe)
     assert set(local_metrics) == set(verl_metrics)
     for key, value in local_metrics.items():  # per-role grad norms, shares, coherence, amplification
@@ -56,11 +65,16 @@ def _compare(local_result, local_probe, verl_result, verl_probe) -> dict:
 
 
 @pytest.mark.parametrize("overrides", [
-    # two FSDP ranks (gloo) per policy: shards reduce to the same Gram matrix
-    ("topology=voting", "sharing=ip", "algo.loss_agg=token-mean", "verl.gpus_per_policy=2"),
-    # fixed-size micro-batches (5 does not divide every instance's rows) and one group per policy's own GPUs
+    # two FSDP ranks (gloo) per policy: shards reduce to the same Gram matrix; 2 epochs of shuffled
+    # mini-batches of 4 problems (voters: 6 optimizer steps, aggregator: 2) with one clip norm over the cell
+    ("topology=voting", "sharing=ip", "algo.loss_agg=token-mean", "verl.gpus_per_policy=2",
+     "algo.ppo_mini_batch_size=4", "algo.ppo_epochs=2", "algo.shuffle=true", "algo.clip_scope=cell",
+     "algo.max_grad_norm=0.3"),
+    # fixed-size micro-batches (5 does not divide every instance's rows) and one group per policy's own GPUs;
+    # 3 mini-batches per step, asymmetric clip, cosine LR with warm-up
     ("topology=eval_opt", "sharing=sp", "algo.loss_agg=role-balanced", "algo.kl_coef=0.05", "algo.micro_batch_size=5",
-     "verl.use_dynamic_bsz=false", "verl.placement=split"),
+     "verl.use_dynamic_bsz=false", "verl.placement=split", "algo.ppo_mini_batch_size=3", "algo.clip_ratio_high=0.28",
+     "algo.lr_schedule=cosine", "algo.lr_warmup_steps=2", "steps=4"),
 ])
 def test_same_batch_same_numbers_on_both_engines(tmp_path, warm_model_dir, ray_session, overrides):
     cfg, local, turns = _setup(tmp_path, warm_model_dir, *overrides, *DEVICE_OVERRIDES)
@@ -72,14 +86,16 @@ def test_same_batch_same_numbers_on_both_engines(tmp_path, warm_model_dir, ray_s
         for policy in local.policies:
             assert [g.response_ids for g in local.generate(policy, prompts, sampling)] == \
                    [g.response_ids for g in verl.generate(policy, prompts, sampling)]
-        for update in range(2):  # the second step starts from the optimizers' first step: KL > 0
+        for update in range(2):  # the second step starts from the optimizers' first steps: KL > 0
             local_probe, verl_probe = GradientProbe(), GradientProbe()
-            local_result = local.update(turns, local_probe)
-            verl_result = verl.update(turns, verl_probe)
+            local_result = local.update(turns, local_probe, step=update)  # verl's scheduler counts its own steps
+            verl_result = verl.update(turns, verl_probe, step=update)
             metrics = _compare(local_result, local_probe, verl_result, verl_probe)
             assert any(abs(v) > 1e-3 for k, v in metrics.items() if k.endswith("grad_norm"))
-            if update == 1:
+            assert max(len(r) for r in local_probe.rounds.values()) >= 3  # several optimizer steps were compared
+            if update == 1:  # (with warm-up, the LR of step 0 is 0)
                 assert max(local_result.kl.values()) > 0
+                assert max(abs(r - 1.0) for r in local_result.ratio.values()) > 1e-4  # later mini-batches are off-policy
         if "topology=voting" in overrides:
             assert metrics["role/voter/amplification"] > 1.2  # three voters push one adapter
         # rollout goes through verl's replica registry; each replica serves its trainer's new adapter
@@ -154,7 +170,8 @@ def test_verl_cell_runs_writes_the_run_dir_and_resumes_after_sigkill(tmp_path, w
     for a, b in zip(got, want):
         assert a["reward/mean"] == b["reward/mean"], a["step"]
         assert abs(a["policy/voter/grad_norm"] - b["policy/voter/grad_norm"]) < 1e-6
-        assert a["role/voter/amplification"] > 1.0 and a["role/aggregator/kl"] >= 0.0
+        assert a["policy/voter/optimizer_steps"] == 3 * a["policy/aggregator/optimizer_steps"] == 3
+        assert a["role/voter/coherence_mb_mean"] > 0 and a["role/aggregator/kl"] >= 0.0
 
     # the same run directory as engine=local: files, metric keys, status, checkpoints
     reference = _run(local, "engine=local")

@@ -1,29 +1,61 @@
-"""Group-relative advantages: the G episodes of one problem form a group, and rewards are
-normalised within the group per role slot (role, instance) with verl's GRPO estimator.
+"""Group-relative advantages with verl's GRPO estimator: the G episodes of one problem form a group.
 
-A slot that occurs in only one episode of its group (a second worker that only one plan asked
-for) has no baseline; verl would pass its raw score through, here its advantage is 0.
+`episode` grouping (default, the study's): a role's turns in one episode share one advantage,
+its episode's score normalised over the group's episodes; the score is the mean reward of the
+role's turns in the episode, which under outcome rewards is the outcome itself. An Eval-Opt
+episode that revised twice therefore counts once in its group's baseline.
+
+`turn` grouping (for turn-level rewards): every turn is scored alone and compared with the turns
+of the same role that saw the same input in the group's episodes (the G x n voters of a problem,
+the workers given the same subtask), never by position.
+
+A role (or input) that occurs in only one episode of its group has no baseline: its advantage is
+0 (verl would pass the raw score through).
 """
 from __future__ import annotations
 
-from collections import Counter
-from typing import List
+from collections import defaultdict
+from statistics import mean
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-from harness.workflows import Episode
+from harness.workflows import Episode, Turn
 
 
-def assign_advantages(episodes: List[Episode], norm_by_std: bool = True, epsilon: float = 1e-6) -> None:
+def _grpo(scores: List[float], keys: List[str], norm_by_std: bool, epsilon: float) -> List[float]:
+    """verl's GRPO advantage of each score within its key's group; 0 where a group has one member."""
+    index = np.array(keys, dtype=object)
+    tensor = torch.tensor([[s] for s in scores], dtype=torch.float32)
+    advantages, _ = compute_grpo_outcome_advantage(tensor, torch.ones_like(tensor), index, epsilon, norm_by_std)
+    sizes: Dict[str, int] = defaultdict(int)
+    for key in keys:
+        sizes[key] += 1
+    return [a if sizes[k] > 1 else 0.0 for a, k in zip(advantages[:, 0].tolist(), keys)]
+
+
+def assign_advantages(episodes: List[Episode], norm_by_std: bool = True, grouping: str = "episode",
+                      epsilon: float = 1e-6) -> None:
     """Writes turn.advantage for every turn of every episode."""
-    turns = [t for e in episodes for t in e.turns]
-    if not turns:
+    if grouping == "turn":
+        turns = [t for e in episodes for t in e.turns]
+        keys = [f"{e.group}|{t.role}|{t.prompt}" for e in episodes for t in e.turns]
+        for turn, advantage in zip(turns, _grpo([t.reward for t in turns], keys, norm_by_std, epsilon)):
+            turn.advantage = advantage
         return
-    index = np.array([f"{e.group}|{t.role}|{t.instance}" for e in episodes for t in e.turns], dtype=object)
-    episodes_per_key = Counter(key for e in episodes for key in {f"{e.group}|{t.role}|{t.instance}" for t in e.turns})
-    scores = torch.tensor([[t.reward] for t in turns], dtype=torch.float32)
-    advantages, _ = compute_grpo_outcome_advantage(scores, torch.ones_like(scores), index, epsilon, norm_by_std)
-    for turn, key, advantage in zip(turns, index, advantages[:, 0].tolist()):
-        turn.advantage = advantage if episodes_per_key[key] > 1 else 0.0
+    if grouping != "episode":
+        raise ValueError(f"unknown advantage grouping '{grouping}'; valid: episode, turn")
+    members: List[Tuple[List[Turn], str]] = []  # one entry per (episode, role)
+    for e in episodes:
+        by_role: Dict[str, List[Turn]] = defaultdict(list)
+        for t in e.turns:
+            by_role[t.role].append(t)
+        members += [(turns, f"{e.group}|{role}") for role, turns in by_role.items()]
+    if not members:
+        return
+    scores = [mean(t.reward for t in turns) for turns, _ in members]
+    for (turns, _), advantage in zip(members, _grpo(scores, [k for _, k in members], norm_by_std, epsilon)):
+        for t in turns:
+            t.advantage = advantage

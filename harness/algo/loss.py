@@ -8,7 +8,7 @@ a mitigation for role capture under a shared policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
@@ -23,12 +23,39 @@ class BatchNorm:
     role_tokens: Dict[str, int]
 
 
+@dataclass(frozen=True)
+class ClipConfig:
+    """PPO's clipped ratio: [1 - low, 1 + high], and dual clip at `c` for negative advantages."""
+
+    low: float
+    high: float
+    c: Optional[float] = None
+
+    @classmethod
+    def from_algo(cls, algo) -> "ClipConfig":
+        low = algo.clip_ratio if algo.clip_ratio_low is None else algo.clip_ratio_low
+        high = algo.clip_ratio if algo.clip_ratio_high is None else algo.clip_ratio_high
+        return cls(float(low), float(high), None if algo.clip_ratio_c is None else float(algo.clip_ratio_c))
+
+
+@dataclass
+class PolicyLoss:
+    loss_mat: torch.Tensor  # (bs, T) per-token loss
+    ratio: torch.Tensor  # (bs, T) pi / pi_old, detached
+    clipped: torch.Tensor  # (bs, T) 1.0 where the clipped term was taken (verl's pg_clipfrac)
+
+
 def ppo_clip_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
-                  clip_ratio: float) -> torch.Tensor:
-    """Per-token clipped surrogate (bs, T); advantages are per sequence (bs, 1)."""
-    ratio = torch.exp(log_prob - old_log_prob)
-    clipped = torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
-    return torch.maximum(-advantages * ratio, -advantages * clipped)
+                  clip: ClipConfig) -> PolicyLoss:
+    """verl's vanilla PPO policy loss per token (`compute_policy_loss_vanilla` before aggregation);
+    advantages are per sequence (bs, 1)."""
+    ratio = torch.exp(torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0))
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip.low, 1.0 + clip.high)
+    loss = torch.maximum(unclipped, clipped)
+    if clip.c is not None:
+        loss = torch.where(advantages < 0, torch.minimum(-advantages * clip.c, loss), loss)
+    return PolicyLoss(loss, ratio.detach(), torch.gt(clipped, unclipped).float().detach())
 
 
 def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm: BatchNorm, role: str) -> torch.Tensor:

@@ -1,54 +1,118 @@
-"""The engine protocol: what the controller needs from whatever holds the policies.
+"""The engine protocol and the update plan both engines follow.
 
 `local` runs in-process (transformers + peft, one adapter per policy on one frozen base);
 a distributed engine (Ray + verl worker groups) implements the same four calls.
+
+The update is verl's PPO actor update: each policy's rows (its turns, in episode order) are cut
+into mini-batches of `ppo_mini_batch_size` problems' worth of rows (x group_size), optionally
+shuffled per epoch, over `ppo_epochs`; every mini-batch is one optimizer step. A policy whose
+roles emit three turns per episode (three voters on one adapter) therefore takes three optimizer
+steps where a one-turn policy takes one. The plan is computed once here, so both engines cut the
+same mini-batches. Steps run in rounds (the k-th mini-batch of every policy), which lets a
+`cell` clipping scope take one gradient norm over all policies of a round.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Protocol, Sequence, Tuple
 
+import torch
+
 from harness.algo.loss import BatchNorm
 from harness.workflows import Generation, Sampling, Turn
+
+Slot = Tuple[str, int]
 
 
 @dataclass
 class UpdateResult:
-    loss: float
-    policy_grad_norm: Dict[str, float]  # before clipping
-    policy_update_norm: Dict[str, float]  # ‖Δθ‖ of the optimizer step
+    loss: float  # sum over policies of the mean loss of their optimizer steps
+    policy_grad_norm: Dict[str, float]  # before clipping, first optimizer step
+    policy_update_norm: Dict[str, float]  # Σ_k ‖Δθ_k‖ over the step's optimizer steps
     policy_param_norm: Dict[str, float]  # ‖θ‖ after the step
     entropy: Dict[str, float] = field(default_factory=dict)  # mean token entropy per role
     kl: Dict[str, float] = field(default_factory=dict)  # mean token KL to the base per role (kl_coef > 0)
-    skipped: List[str] = field(default_factory=list)  # policies whose step was skipped (non-finite)
-    role_loss: Dict[str, float] = field(default_factory=dict)  # each role's share of its policy's loss
+    skipped: List[str] = field(default_factory=list)  # policies with a step skipped (non-finite)
+    role_loss: Dict[str, float] = field(default_factory=dict)  # each role's part of `loss`
+    optimizer_steps: Dict[str, int] = field(default_factory=dict)
+    grad_norm_mean: Dict[str, float] = field(default_factory=dict)  # mean pre-clip norm over the steps
+    drift: Dict[str, float] = field(default_factory=dict)  # ‖θ - θ_0‖ after the step
+    drift_rate: Dict[str, float] = field(default_factory=dict)  # its change during this step
+    clipfrac: Dict[str, float] = field(default_factory=dict)  # per role: tokens whose clipped term was taken
+    ratio: Dict[str, float] = field(default_factory=dict)  # per role: mean PPO ratio over all passes
+    minibatches: Dict[str, List[dict]] = field(default_factory=dict)  # per policy, per step: loss, clipfrac, grad_norm
 
 
 @dataclass
-class PolicyBatch:
-    """One policy's share of an update: its whole-batch normalisers and its turns grouped by role
-    instance (the probe reads one gradient per instance, so micro-batches never mix instances)."""
+class MiniBatch:
+    """One optimizer step of one policy: its normalisers (verl's loss is a per-mini-batch mean) and
+    its turns grouped by role instance (the probe reads one gradient per instance)."""
 
     norm: BatchNorm
-    slots: Dict[Tuple[str, int], List[Turn]]
+    slots: Dict[Slot, List[Turn]]
+
+    @property
+    def turns(self) -> List[Turn]:
+        return [t for group in self.slots.values() for t in group]
 
 
-def policy_batches(samples: Sequence[Turn]) -> Dict[str, PolicyBatch]:
-    """{policy: PolicyBatch} for the policies that have turns in `samples`."""
+def _minibatch(turns: Sequence[Turn]) -> MiniBatch:
+    role_tokens: Dict[str, int] = defaultdict(int)
+    slots: Dict[Slot, List[Turn]] = defaultdict(list)
+    for t in turns:
+        role_tokens[t.role] += len(t.response_ids)
+        slots[t.slot].append(t)
+    return MiniBatch(BatchNorm(sum(role_tokens.values()), len(turns), dict(role_tokens)), dict(slots))
+
+
+def update_plan(samples: Sequence[Turn], algo, seed: int, step: int) -> Dict[str, List[MiniBatch]]:
+    """{policy: its mini-batches in order, epoch after epoch}. Rows per mini-batch:
+    ppo_mini_batch_size x group_size; the last one of an epoch may be smaller."""
     by_policy: Dict[str, List[Turn]] = defaultdict(list)
     for turn in samples:
         by_policy[turn.policy].append(turn)
-    batches = {}
+    rows_per_batch = algo.ppo_mini_batch_size * algo.group_size
+    plan: Dict[str, List[MiniBatch]] = {}
     for policy, turns in by_policy.items():
-        role_tokens: Dict[str, int] = defaultdict(int)
-        slots: Dict[Tuple[str, int], List[Turn]] = defaultdict(list)
-        for t in turns:
-            role_tokens[t.role] += len(t.response_ids)
-            slots[t.slot].append(t)
-        batches[policy] = PolicyBatch(BatchNorm(sum(role_tokens.values()), len(turns), dict(role_tokens)), dict(slots))
-    return batches
+        batches: List[MiniBatch] = []
+        for epoch in range(algo.ppo_epochs):
+            order = list(range(len(turns)))
+            if algo.shuffle:
+                generator = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1_009 + epoch)
+                order = torch.randperm(len(turns), generator=generator).tolist()
+            for start in range(0, len(order), rows_per_batch):
+                batches.append(_minibatch([turns[i] for i in order[start: start + rows_per_batch]]))
+        plan[policy] = batches
+    return plan
+
+
+def clip_coefficients(norms: Dict[str, float], max_norm: float, scope: str) -> Dict[str, float]:
+    """torch's clip_grad_norm_ factor min(1, max_norm / (norm + 1e-6)) per policy, where `norm` is the
+    policy's own gradient norm (scope `policy`, verl's) or one norm over every finite policy of the
+    round (scope `cell`, so k adapters do not get k times the clipping budget of one)."""
+    def factor(norm: float) -> float:
+        return min(1.0, max_norm / (norm + 1e-6))
+
+    if scope == "cell":
+        total = math.sqrt(sum(n * n for n in norms.values() if math.isfinite(n)))
+        return {p: factor(total) for p in norms}
+    return {p: factor(n) if math.isfinite(n) else 1.0 for p, n in norms.items()}
+
+
+def lr_multiplier(algo, total_steps: int, step: int) -> float:
+    """verl's LR schedule (constant or cosine, linear warm-up) at training step `step`; verl steps its
+    scheduler once per training step."""
+    from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    if algo.lr_schedule == "cosine":
+        schedule = get_cosine_schedule_with_warmup(optimizer, algo.lr_warmup_steps, max(total_steps, 1))
+    else:
+        schedule = get_constant_schedule_with_warmup(optimizer, algo.lr_warmup_steps)
+    return float(schedule.lr_lambdas[0](step))
 
 
 class Engine(Protocol):
@@ -57,7 +121,7 @@ class Engine(Protocol):
     def generate(self, policy: str, prompts: List[str], sampling: Sampling) -> List[Generation]:
         ...
 
-    def update(self, samples: Sequence[Turn], probe=None) -> UpdateResult:
+    def update(self, samples: Sequence[Turn], probe=None, step: int = 0) -> UpdateResult:
         ...
 
     def save(self, path: Path) -> None:

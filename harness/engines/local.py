@@ -1,21 +1,22 @@
 """In-process engine: one frozen base model, one LoRA adapter per policy (peft), HF generate.
 
-The update runs micro-batches grouped by (policy, role instance): each policy is updated in
-turn with its adapter active, its own AdamW and its own gradient clipping, and the gradient
-probe reads the change in `.grad` after each role instance's micro-batches.
+The update is verl's PPO actor update (engines/base.py): each policy's rows cut into mini-batches,
+one AdamW step each, old log-probs from the behaviour weights. Within a mini-batch, micro-batches
+are grouped by role instance and the gradient probe reads the change in `.grad` after each
+instance's micro-batches.
 """
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from harness.algo.loss import BatchNorm, aggregate, kl_to_reference, ppo_clip_loss
+from harness.algo.loss import BatchNorm, ClipConfig, aggregate, kl_to_reference, ppo_clip_loss
 from harness.engines.adapters import attach_adapters
-from harness.engines.base import UpdateResult, policy_batches
+from harness.engines.base import MiniBatch, UpdateResult, clip_coefficients, lr_multiplier, update_plan
 from harness.engines.sampling import generate_grouped, sample_repeated
 from harness.workflows import Generation, Sampling, Turn
 
@@ -38,6 +39,8 @@ class LocalEngine:
             self.model = attach_adapters(base, self.policies, cfg, seed)
             self.params = {p: [t for n, t in self.model.named_parameters() if f".{p}." in n and "lora_" in n]
                            for p in self.policies}
+        self.seed = seed
+        self.initial = {p: [t.detach().clone() for t in self.params[p]] for p in self.policies}  # θ_0, for drift
         self.optimizers = {p: torch.optim.AdamW(self.params[p], lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
                            for p in self.policies}
         self.model.eval()  # no dropout anywhere; gradients still flow
@@ -80,12 +83,33 @@ class LocalEngine:
             entropy = -(log_softmax.exp() * log_softmax).sum(-1)
         return log_prob, mask, entropy, ids, attention
 
-    def micro_batch_loss(self, batch: Sequence[Turn], norm: BatchNorm, role: str, stats: dict) -> torch.Tensor:
-        """Loss of one micro-batch of one role instance, normalised by whole-batch counts."""
+    @torch.no_grad()
+    def _old_log_probs(self, policy: str, turns: Sequence[Turn]) -> Dict[int, torch.Tensor]:
+        """Response log-probs under the behaviour weights (before this step's first optimizer step),
+        as verl's compute_log_prob: {id(turn): (len(response),)}."""
+        self._activate(policy)
+        old: Dict[int, torch.Tensor] = {}
+        size = self.cfg.algo.micro_batch_size
+        for start in range(0, len(turns), size):
+            batch = turns[start: start + size]
+            log_prob, mask, _, _, _ = self._log_probs(batch)
+            for row, turn in enumerate(batch):
+                old[id(turn)] = log_prob[row][mask[row].bool()].clone()
+        return old
+
+    def micro_batch_loss(self, batch: Sequence[Turn], norm: BatchNorm, role: str, stats: dict,
+                         old: Optional[Dict[int, torch.Tensor]] = None) -> torch.Tensor:
+        """Loss of one micro-batch of one role instance, normalised by its mini-batch's counts.
+        Without `old` log-probs the step is on-policy (ratio 1)."""
         algo = self.cfg.algo
         log_prob, mask, entropy, ids, attention = self._log_probs(batch)
+        old_log_prob = log_prob.detach().clone()
+        if old is not None:
+            for row, turn in enumerate(batch):
+                old_log_prob[row][mask[row].bool()] = old[id(turn)]
         advantages = torch.tensor([[t.advantage] for t in batch], dtype=torch.float32)
-        loss_mat = ppo_clip_loss(log_prob, log_prob.detach(), advantages, algo.clip_ratio)  # one on-policy step
+        policy_loss = ppo_clip_loss(log_prob, old_log_prob, advantages, ClipConfig.from_algo(algo))
+        loss_mat = policy_loss.loss_mat
         if algo.kl_coef > 0 or (self.cfg.instrument.kl_to_base and not self.full_finetune):
             with torch.no_grad(), self.model.disable_adapter():
                 ref_logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
@@ -96,49 +120,94 @@ class LocalEngine:
             stats["kl"][role] += float((kl.detach() * mask).sum())
         stats["entropy"][role] += float((entropy * mask).sum())
         stats["tokens"][role] += float(mask.sum())
+        stats["clipped"][role] += float((policy_loss.clipped * mask).sum())
+        stats["ratio"][role] += float((policy_loss.ratio * mask).sum())
         return aggregate(loss_mat, mask, algo.loss_agg, norm, role)
 
-    def update(self, samples: Sequence[Turn], probe=None) -> UpdateResult:
-        algo = self.cfg.algo
-        batches = policy_batches(samples)
-        stats = {"entropy": defaultdict(float), "kl": defaultdict(float), "tokens": defaultdict(float),
-                 "loss": defaultdict(float)}
-        result = UpdateResult(0.0, {}, {}, {})
-        for policy in self.policies:
-            if policy not in batches:
-                continue
-            self._activate(policy)
-            params = self.params[policy]
-            optimizer = self.optimizers[policy]
-            optimizer.zero_grad(set_to_none=True)
-            norm = batches[policy].norm
-            for slot, group in batches[policy].slots.items():
-                if probe is not None:
-                    probe.begin(policy, slot, params)
-                for start in range(0, len(group), algo.micro_batch_size):
-                    loss = self.micro_batch_loss(group[start: start + algo.micro_batch_size], norm, slot[0], stats)
-                    loss.backward()
-                    result.loss += float(loss.detach())
-                    stats["loss"][slot[0]] += float(loss.detach())
-                if probe is not None:
-                    probe.end(policy, slot, params)
+    def _backward(self, policy: str, minibatch: MiniBatch, old, stats, probe) -> Dict[str, float]:
+        """Every micro-batch of one mini-batch, grouped by role instance; returns each role's loss."""
+        params, size = self.params[policy], self.cfg.algo.micro_batch_size
+        losses: Dict[str, float] = defaultdict(float)
+        for slot, group in minibatch.slots.items():
             if probe is not None:
-                probe.finish_policy(policy)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, algo.max_grad_norm))
-            if not math.isfinite(grad_norm):
+                probe.begin(policy, slot, params)
+            for start in range(0, len(group), size):
+                loss = self.micro_batch_loss(group[start: start + size], minibatch.norm, slot[0], stats, old)
+                loss.backward()
+                losses[slot[0]] += float(loss.detach())
+            if probe is not None:
+                probe.end(policy, slot, params)
+        if probe is not None:
+            probe.finish_policy(policy)
+        return losses
+
+    def _distance(self, policy: str) -> float:
+        return math.sqrt(sum(float((p.detach() - p0).pow(2).sum()) for p, p0 in zip(self.params[policy], self.initial[policy])))
+
+    def update(self, samples: Sequence[Turn], probe=None, step: int = 0) -> UpdateResult:
+        """verl's actor update for every policy (engines/base.py): old log-probs from the behaviour
+        weights, then the mini-batches in rounds, each one optimizer step with clipping per policy
+        or over the cell; the LR follows the schedule at `step`."""
+        algo = self.cfg.algo
+        plan = update_plan(samples, algo, self.seed, step)
+        policies = [p for p in self.policies if p in plan]
+        lr = algo.lr * lr_multiplier(algo, self.cfg.steps, step)
+        for policy in policies:
+            for group in self.optimizers[policy].param_groups:
+                group["lr"] = lr
+        old = {p: self._old_log_probs(p, [t for t in samples if t.policy == p]) for p in policies}
+        drift_before = {p: self._distance(p) for p in policies}
+        stats = {k: defaultdict(float) for k in ("entropy", "kl", "tokens", "clipped", "ratio")}
+        result = UpdateResult(0.0, {}, {}, {})
+        role_loss: Dict[Tuple[str, str], float] = defaultdict(float)
+        for k in range(max((len(plan[p]) for p in policies), default=0)):
+            active = [p for p in policies if k < len(plan[p])]
+            norms, losses = {}, {}
+            for policy in active:
+                self._activate(policy)
+                self.optimizers[policy].zero_grad(set_to_none=True)
+                losses[policy] = self._backward(policy, plan[policy][k], old[policy], stats, probe)
+                grads = [p.grad for p in self.params[policy] if p.grad is not None]
+                norms[policy] = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+            factors = clip_coefficients(norms, algo.max_grad_norm, algo.clip_scope)
+            for policy in active:
+                params, optimizer = self.params[policy], self.optimizers[policy]
+                for role, value in losses[policy].items():
+                    role_loss[(policy, role)] += value
+                result.minibatches.setdefault(policy, []).append(
+                    {"loss": sum(losses[policy].values()), "grad_norm": norms[policy], "rows": len(plan[policy][k].turns)})
+                if not math.isfinite(norms[policy]):
+                    optimizer.zero_grad(set_to_none=True)
+                    if policy not in result.skipped:
+                        result.skipped.append(policy)
+                    continue
+                with torch.no_grad():
+                    torch._foreach_mul_([p.grad for p in params if p.grad is not None], factors[policy])
+                before = [p.detach().clone() for p in params]
+                optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                result.skipped.append(policy)
-                continue
-            before = [p.detach().clone() for p in params]
-            optimizer.step()
+                with torch.no_grad():
+                    moved = math.sqrt(sum(float((p - b).pow(2).sum()) for p, b in zip(params, before)))
+                result.policy_update_norm[policy] = result.policy_update_norm.get(policy, 0.0) + moved
+                result.optimizer_steps[policy] = result.optimizer_steps.get(policy, 0) + 1
+        for policy in policies:
+            steps = plan[policy]
+            finite = [m["grad_norm"] for m in result.minibatches[policy] if math.isfinite(m["grad_norm"])]
+            result.policy_grad_norm[policy] = result.minibatches[policy][0]["grad_norm"]
+            result.grad_norm_mean[policy] = sum(finite) / len(finite) if finite else float("nan")
+            result.loss += sum(m["loss"] for m in result.minibatches[policy]) / len(steps)
+            result.optimizer_steps.setdefault(policy, 0)  # every step skipped: no update norm either
             with torch.no_grad():
-                result.policy_update_norm[policy] = math.sqrt(sum(float((p - b).pow(2).sum()) for p, b in zip(params, before)))
-                result.policy_param_norm[policy] = math.sqrt(sum(float(p.pow(2).sum()) for p in params))
-            result.policy_grad_norm[policy] = grad_norm
-            optimizer.zero_grad(set_to_none=True)
+                result.policy_param_norm[policy] = math.sqrt(sum(float(p.pow(2).sum()) for p in self.params[policy]))
+            result.drift[policy] = self._distance(policy)
+            result.drift_rate[policy] = result.drift[policy] - drift_before[policy]
+        n_steps = {p: len(plan[p]) for p in policies}
+        for (policy, role), value in role_loss.items():
+            result.role_loss[role] = result.role_loss.get(role, 0.0) + value / n_steps[policy]
         tokens = stats["tokens"]
         result.entropy = {r: stats["entropy"][r] / tokens[r] for r in tokens if tokens[r]}
-        result.role_loss = dict(stats["loss"])
+        result.clipfrac = {r: stats["clipped"][r] / tokens[r] for r in tokens if tokens[r]}
+        result.ratio = {r: stats["ratio"][r] / tokens[r] for r in tokens if tokens[r]}
         if stats["kl"]:
             result.kl = {r: stats["kl"][r] / tokens[r] for r in tokens if tokens[r]}
         return result

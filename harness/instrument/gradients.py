@@ -15,10 +15,27 @@ import math
 from collections import defaultdict
 from typing import Dict
 
-from harness.instrument.probe import GradientProbe
+from harness.instrument.probe import GradientProbe, PolicyGradients
+
+
+MEAN_SUFFIX = "_mb_mean"
 
 
 def gradient_metrics(probe: GradientProbe) -> Dict[str, float]:
+    """The first optimizer step's statistics under their plain keys, and each statistic's mean over
+    all optimizer steps of the training step under `<key>_mb_mean` (a key absent from a round,
+    e.g. a policy with fewer mini-batches, is averaged over the rounds that have it)."""
+    metrics = round_metrics(probe.round(0))
+    every: Dict[str, list] = defaultdict(list)
+    for k in range(probe.n_rounds):
+        for key, value in round_metrics(probe.round(k)).items():
+            every[key].append(value)
+    metrics.update({f"{key}{MEAN_SUFFIX}": sum(values) / len(values) for key, values in every.items()})
+    return metrics
+
+
+def round_metrics(policies: Dict[str, PolicyGradients]) -> Dict[str, float]:
+    """Per-role statistics of one optimizer step of each policy in `policies`."""
     metrics: Dict[str, float] = {}
     role_sq: Dict[str, float] = defaultdict(float)  # ‖g_role‖² summed over policies
     role_dot_total: Dict[str, float] = defaultdict(float)
@@ -27,7 +44,7 @@ def gradient_metrics(probe: GradientProbe) -> Dict[str, float]:
     role_amplification: Dict[str, float] = defaultdict(float)
     role_instances_per_policy: Dict[str, int] = defaultdict(int)
     total_sq = 0.0
-    for policy, pg in probe.policies.items():
+    for policy, pg in policies.items():
         gram = pg.gram
         policy_sq = float(gram.sum())
         total_sq += policy_sq

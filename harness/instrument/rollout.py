@@ -40,6 +40,8 @@ def rollout_metrics(episodes: List[Episode], prefix: str = "") -> Dict[str, floa
         judged = [float(t.role_correct) for t in turns if t.role_correct is not None]
         if judged:
             metrics[f"{key}/accuracy"] = mean(judged)
+        for name in sorted({n for t in turns for n in t.stats}):
+            metrics[f"{key}/{name}"] = mean(t.stats[name] for t in turns if name in t.stats)
     return metrics
 
 

@@ -44,6 +44,7 @@ class Turn:
     role_correct: Optional[bool] = None  # the role did its own job (voter right, verdict right...)
     reward: float = 0.0
     advantage: float = 0.0
+    stats: Dict[str, float] = field(default_factory=dict)  # role-specific numbers, averaged per role in metrics
 
     @property
     def slot(self) -> Tuple[str, int]:

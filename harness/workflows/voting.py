@@ -17,8 +17,10 @@ class Voting(Workflow):
         n = self.cfg.n_votes
         votes = await gather(*(agents.ask("voter", i, question=problem.question) for i in range(n)))
         correct = [self.mark_answer(v, problem).correct for v in votes]
-        candidates = "\n".join(f"{i}: {self.answer_of(v)}" for i, v in enumerate(votes))
+        answers = [self.answer_of(v) for v in votes]
+        candidates = "\n".join(f"{i}: {a}" for i, a in enumerate(answers))
         pick = await agents.ask("aggregator", 0, question=problem.question, candidates=candidates)
+        pick.stats["distinct_candidates"] = float(len(set(answers)))  # 1: the aggregator's pick cannot matter
         index, pick.malformed = parse_index(pick.text, n)
         pick.role_correct = (not pick.malformed) and correct[index]
         final = votes[index].text

@@ -25,8 +25,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from harness.algo.loss import ClipConfig
 from harness.engines.adapters import export_initial_adapters
-from harness.engines.base import UpdateResult, policy_batches
+from harness.engines.base import UpdateResult, clip_coefficients, update_plan
 from harness.engines.sampling import generate_grouped
 from harness.engines.verl.rollout import launch_replica, resolve_backend, rollout_config, run_sync
 from harness.engines.verl.rollout import sample as rollout_sample
@@ -97,7 +98,8 @@ def training_worker_config(cfg, model_dir: Path, adapter_dir: Optional[Path], de
                               micro_batch_size_per_gpu=cfg.algo.micro_batch_size, seed=cfg.seed,
                               mixed_precision={"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"})
     optim = FSDPOptimizerConfig(lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay, clip_grad=cfg.algo.max_grad_norm,
-                                total_training_steps=max(cfg.steps, 1), lr_warmup_steps=0)
+                                total_training_steps=max(cfg.steps, 1), lr_warmup_steps=cfg.algo.lr_warmup_steps,
+                                lr_scheduler_type=cfg.algo.lr_schedule)
     return TrainingWorkerConfig(model_type="language_model", model_config=model, engine_config=engine,
                                 optimizer_config=optim, checkpoint_config=CheckpointConfig())
 
@@ -121,7 +123,8 @@ class VerlEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
         start_ray(cfg, self.device, len(self.policies))
         adapters = export_initial_adapters(model_dir, self.policies, cfg, seed, Path(work_dir) / "initial_adapters")
-        harness = {"clip_ratio": cfg.algo.clip_ratio, "kl_coef": cfg.algo.kl_coef, "loss_agg": cfg.algo.loss_agg}
+        harness = {"clip": ClipConfig.from_algo(cfg.algo), "kl_coef": cfg.algo.kl_coef, "loss_agg": cfg.algo.loss_agg}
+        self.seed = seed
         per_policy = cfg.verl.gpus_per_policy
         tag = uuid.uuid4().hex[:8]  # Ray names (placement groups, actors) must be unique per cluster
         self.pools = []
@@ -140,6 +143,7 @@ class VerlEngine:
                                                  name_prefix=f"{policy}_{tag}")
         for group in self.groups.values():
             group.reset()  # builds model, FSDP, optimizer, scheduler on every rank
+            group.remember_initial()  # θ_0 for drift, before any checkpoint is loaded
         self.rollout = resolve_backend(cfg, self.device)
         self.replicas = {}
         for rank, (policy, group) in enumerate(self.groups.items()):
@@ -176,37 +180,70 @@ class VerlEngine:
         run_sync(sleep_all())
 
     # ---------------------------------------------------------------- update
-    def update(self, samples: Sequence[Turn], probe=None) -> UpdateResult:
+    def update(self, samples: Sequence[Turn], probe=None, step: int = 0) -> UpdateResult:
+        """The plan of engines/base.py on the worker groups, in rounds: every group runs its k-th
+        mini-batch's backward at once, the controller takes the clipping factors (per policy, or
+        one norm over the cell from the groups' Gram matrices), then every group steps."""
         from harness.engines.verl.batch import turns_to_batch
         import ray
 
-        want_kl = self.cfg.algo.kl_coef > 0 or self.cfg.instrument.kl_to_base
+        algo = self.cfg.algo
+        want_kl = algo.kl_coef > 0 or self.cfg.instrument.kl_to_base
         self._sleep_rollouts()
-        pending = {}
-        batches = policy_batches(samples)
-        for policy in [p for p in self.policies if p in batches]:  # every worker group steps at once
-            slots = [(slot, turns_to_batch(group, self.tokenizer.pad_token_id))
-                     for slot, group in batches[policy].slots.items()]
-            pending[policy] = self.groups[policy].update_policy(slots, batches[policy].norm, want_kl)  # futures
+        plan = update_plan(samples, algo, self.seed, step)
+        policies = [p for p in self.policies if p in plan]
+        pad = self.tokenizer.pad_token_id
+        ray.get([ref for p in policies for ref in self.groups[p].begin_update(
+            [(mb.norm, [(slot, turns_to_batch(group, pad)) for slot, group in mb.slots.items()]) for mb in plan[p]],
+            want_kl)])
         result = UpdateResult(0.0, {}, {}, {})
-        role_sums: Dict[str, Dict[str, float]] = {k: defaultdict(float) for k in ("loss", "entropy", "kl", "tokens")}
-        for policy, refs in pending.items():
-            out = ray.get(refs)[0]
-            for kind, values in out["stats"].items():
+        role_loss: Dict[Tuple[str, str], float] = defaultdict(float)
+        for k in range(max((len(plan[p]) for p in policies), default=0)):
+            active = [p for p in policies if k < len(plan[p])]
+            pending = {p: self.groups[p].backward_round(k) for p in active}
+            rounds = {p: ray.get(refs)[0] for p, refs in pending.items()}
+            norms = {p: math.sqrt(max(float(out["gram"].sum()), 0.0)) for p, out in rounds.items()}
+            factors = clip_coefficients(norms, algo.max_grad_norm, algo.clip_scope)
+            if algo.clip_scope == "policy":
+                factors = {p: 1.0 for p in active}  # verl's optimizer_step clips each policy itself
+            steps = {p: self.groups[p].step_round(factors[p]) for p in active}
+            for policy in active:
+                out, stepped = rounds[policy], ray.get(steps[policy])[0]
+                if probe is not None:
+                    probe.add(policy, PolicyGradients([tuple(s) for s in out["slots"]], out["gram"].double()))
+                for role, value in out["loss"].items():
+                    role_loss[(policy, role)] += value
+                finite = math.isfinite(stepped["grad_norm"])
+                result.minibatches.setdefault(policy, []).append(
+                    {"loss": sum(out["loss"].values()), "grad_norm": norms[policy] if finite else stepped["grad_norm"],
+                     "rows": len(plan[policy][k].turns)})
+                if not finite:  # verl's optimizer_step skipped it
+                    if policy not in result.skipped:
+                        result.skipped.append(policy)
+                    continue
+                result.policy_update_norm[policy] = result.policy_update_norm.get(policy, 0.0) + stepped["update_norm"]
+                result.optimizer_steps[policy] = result.optimizer_steps.get(policy, 0) + 1
+        role_sums: Dict[str, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        ends = {p: self.groups[p].end_update() for p in policies}
+        for policy in policies:
+            end = ray.get(ends[policy])[0]
+            for kind, values in end["stats"].items():
                 for role, value in values.items():
                     role_sums[kind][role] += value
-            result.loss += sum(out["stats"]["loss"].values())
-            if probe is not None:
-                probe.policies[policy] = PolicyGradients([tuple(s) for s in out["slots"]], out["gram"].double())
-            if not math.isfinite(out["grad_norm"]):
-                result.skipped.append(policy)
-                continue
-            result.policy_grad_norm[policy] = out["grad_norm"]
-            result.policy_update_norm[policy] = out["update_norm"]
-            result.policy_param_norm[policy] = out["param_norm"]
+            batches = result.minibatches[policy]
+            finite = [m["grad_norm"] for m in batches if math.isfinite(m["grad_norm"])]
+            result.policy_grad_norm[policy] = batches[0]["grad_norm"]
+            result.grad_norm_mean[policy] = sum(finite) / len(finite) if finite else float("nan")
+            result.loss += sum(m["loss"] for m in batches) / len(batches)
+            result.optimizer_steps.setdefault(policy, 0)
+            result.policy_param_norm[policy] = end["param_norm"]
+            result.drift[policy], result.drift_rate[policy] = end["drift"], end["drift_rate"]
+        for (policy, role), value in role_loss.items():
+            result.role_loss[role] = result.role_loss.get(role, 0.0) + value / len(plan[policy])
         tokens = role_sums["tokens"]
-        result.role_loss = dict(role_sums["loss"])
         result.entropy = {r: role_sums["entropy"][r] / tokens[r] for r in tokens if tokens[r]}
+        result.clipfrac = {r: role_sums["clipped"][r] / tokens[r] for r in tokens if tokens[r]}
+        result.ratio = {r: role_sums["ratio"][r] / tokens[r] for r in tokens if tokens[r]}
         if want_kl:
             result.kl = {r: role_sums["kl"][r] / tokens[r] for r in tokens if tokens[r]}
         self._sync_rollouts()

@@ -1,17 +1,21 @@
 """One policy's verl worker: verl's `TrainingWorker` (FSDP2 engine, its optimizer, LR schedule,
 micro-batching, LoRA through peft) with the harness's policy loss and gradient probe inside.
 
-The update runs verl's `forward_backward_batch` once per role instance; after each call the
-rank's gradient shard has grown by exactly that instance's gradient (`torch.autograd.grad` on
-FSDP2 parameters returns None, so the probe reads `.grad`). Each rank forms the Gram matrix of
-its shards and one all-reduce gives the exact global Gram matrix: every per-role statistic is a
-function of it. Then verl's `optimizer_step` clips (reporting the norm before clipping) and steps.
+An update is the controller's plan (engines/base.py) in rounds: `begin_update` takes old
+log-probs from the behaviour weights (verl's compute_log_prob); for every mini-batch,
+`backward_round` runs verl's `forward_backward_batch` once per role instance and `step_round`
+verl's `optimizer_step` (the calls verl's `train_mini_batch` -> `train_batch` make per
+mini-batch); `end_update` steps the LR scheduler once, as verl does per training step. After each
+instance's backward the rank's gradient shard has grown by exactly that instance's gradient
+(`torch.autograd.grad` on FSDP2 parameters returns None, so the probe reads `.grad`); each rank
+forms the Gram matrix of its shards and one all-reduce gives the exact global one.
 """
 from __future__ import annotations
 
 import asyncio
 import os
 from collections import defaultdict
+from contextlib import nullcontext
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -77,14 +81,15 @@ class PolicyWorker(TrainingWorker):
     # ------------------------------------------------------------------ loss
     def _loss(self, model_output, data, dp_group=None):
         """The harness's clipped policy loss of one micro-batch of one role instance, normalised by
-        whole-batch counts; scaled by the DP size because FSDP averages gradients across ranks."""
+        its mini-batch's counts; scaled by the DP size because FSDP averages gradients across ranks."""
         h, role = self.harness, self._role
         log_prob = no_padding_2_padding(model_output["log_probs"], data)
-        fields = ["response_mask", "seq_advantages"] + (["ref_log_prob"] if "ref_log_prob" in data else [])
+        fields = ["response_mask", "seq_advantages", "old_log_prob"] + (["ref_log_prob"] if "ref_log_prob" in data else [])
         padded = data.select(*fields).to_padded_tensor()
         mask = padded["response_mask"].to(log_prob.dtype)
         advantages = padded["seq_advantages"].reshape(-1, 1).to(log_prob.dtype)
-        loss_mat = ppo_clip_loss(log_prob, log_prob.detach(), advantages, h["clip_ratio"])
+        policy_loss = ppo_clip_loss(log_prob, padded["old_log_prob"].to(log_prob.dtype), advantages, h["clip"])
+        loss_mat = policy_loss.loss_mat
         if "ref_log_prob" in padded.keys():
             kl = kl_to_reference(log_prob, padded["ref_log_prob"].to(log_prob.dtype))
             if h["kl_coef"] > 0:
@@ -94,59 +99,106 @@ class PolicyWorker(TrainingWorker):
             entropy = no_padding_2_padding(model_output["entropy"], data).to(log_prob.dtype)
             self._stats["entropy"][role] += float((entropy.detach() * mask).sum())
         self._stats["tokens"][role] += float(mask.sum())
+        self._stats["clipped"][role] += float((policy_loss.clipped * mask).sum())
+        self._stats["ratio"][role] += float((policy_loss.ratio * mask).sum())
         loss = aggregate(loss_mat, mask, h["loss_agg"], self._norm, role)
-        self._stats["loss"][role] += float(loss.detach())
+        self._round_loss[role] += float(loss.detach())
         return loss * self.engine.get_data_parallel_size(), {}
 
-    def _ref_log_probs(self, data) -> torch.Tensor:
-        """Per-token log-probs of the base model (adapter disabled), padded like the responses."""
+    def _log_probs(self, data, adapter: bool) -> torch.Tensor:
+        """Per-token log-probs of the current weights (adapter on: verl's compute_log_prob) or of the
+        base model (adapter disabled: the reference), padded like the responses."""
         probe = data.clone()
         tu.assign_non_tensor(probe, calculate_entropy=False)
-        with self.engine.eval_mode(), self.engine.disable_adapter(), torch.no_grad():
+        with self.engine.eval_mode(), torch.no_grad(), (nullcontext() if adapter else self.engine.disable_adapter()):
             output = self.engine.infer_batch(probe, loss_function=None)
         return no_padding_2_padding(output["model_output"]["log_probs"], probe).float().cpu()
 
-    # ------------------------------------------------------------------ remote calls
+    def _distance(self, params) -> float:
+        """‖θ - θ_0‖ over all ranks' shards."""
+        local = sum(float((_local(p).detach().double() - p0).pow(2).sum()) for p, p0 in zip(params, self._initial))
+        return float(self._all_sum(torch.tensor([local], dtype=torch.float64))[0]) ** 0.5
+
+    # ------------------------------------------------------------------ remote calls: one update in rounds
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def remember_initial(self) -> None:
+        """θ_0 of the trainable parameters (this rank's shards), before any checkpoint is loaded."""
+        self._initial = [_local(p).detach().double().clone() for p in self._trainable()]
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
-    def update_policy(self, slot_batches: List[Tuple[Slot, object]], norm: BatchNorm, want_kl: bool) -> dict:
-        """One optimizer step of this policy from its role instances' batches (every rank gets all
-        rows and keeps its own). Returns the update's numbers, reduced across ranks."""
+    def begin_update(self, minibatches: List[Tuple[BatchNorm, List[Tuple[Slot, object]]]], want_kl: bool) -> None:
+        """Prepare this policy's mini-batches (every rank gets all rows and keeps its own); old
+        log-probs of every row come from the weights before the first optimizer step."""
+        rank, world = self.engine.get_data_parallel_rank(), self.engine.get_data_parallel_size()
+        self._minibatches = []
+        for norm, slot_batches in minibatches:
+            prepared = []
+            for slot, batch in slot_batches:
+                data = self._prepare(batch, rank, world)
+                data["old_log_prob"] = self._log_probs(data, adapter=True)
+                if want_kl:
+                    data["ref_log_prob"] = self._log_probs(data, adapter=False)
+                prepared.append((slot, data))
+            self._minibatches.append((norm, prepared))
+        self._stats = {k: defaultdict(float) for k in ("entropy", "kl", "tokens", "clipped", "ratio")}
+        self._drift_before = self._distance(self._trainable())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def backward_round(self, k: int) -> dict:
+        """Forward and backward of mini-batch k, one role instance after another (verl's
+        forward_backward_batch each); returns the exact global Gram matrix of the instances'
+        gradients and each role's loss."""
         engine = self.engine
-        rank, world = engine.get_data_parallel_rank(), engine.get_data_parallel_size()
-        self._norm = norm
-        self._stats = {k: defaultdict(float) for k in ("loss", "entropy", "kl", "tokens")}
-        prepared = []
-        for slot, batch in slot_batches:
-            data = self._prepare(batch, rank, world)
-            if want_kl:
-                ref = self._ref_log_probs(data)
-                data["ref_log_prob"] = ref
-            prepared.append((slot, data))
+        norm, prepared = self._minibatches[k]
+        self._norm, self._round_loss = norm, defaultdict(float)
         params = self._trainable()
         vectors = []
-        with engine.train_mode():
+        with engine.train_mode(zero_grad_on_exit=False):  # the gradient waits for step_round
             engine.optimizer_zero_grad()
             for slot, data in prepared:
                 before = self._flat_grad(params)
                 self._role = slot[0]
                 engine.forward_backward_batch(data, loss_function=self._loss)
                 vectors.append(self._flat_grad(params) - before)
-            matrix = torch.stack(vectors)
-            gram = self._all_sum(matrix @ matrix.T)
-            before_step = [_local(p).detach().clone() for p in params]
-            grad_norm = float(engine.optimizer_step())
-            engine.lr_scheduler_step()
-        with torch.no_grad():
-            sums = torch.tensor([sum(float((_local(p) - b).double().pow(2).sum()) for p, b in zip(params, before_step)),
-                                 sum(float(_local(p).double().pow(2).sum()) for p in params)], dtype=torch.float64)
-        update_sq, param_sq = self._all_sum(sums).tolist()
+        matrix = torch.stack(vectors)
+        gram = self._all_sum(matrix @ matrix.T)
+        roles = sorted(self._round_loss)
+        losses = self._all_sum(torch.tensor([self._round_loss[r] for r in roles], dtype=torch.float64)).tolist()
+        return {"slots": [s for s, _ in prepared], "gram": gram.cpu(), "loss": dict(zip(roles, losses))}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def step_round(self, factor: float) -> dict:
+        """verl's optimizer_step after scaling the gradient by `factor` (cell-wide clipping; 1 leaves
+        the policy's own clipping to verl); returns ‖Δθ‖ of the step."""
+        params = self._trainable()
+        with self.engine.train_mode():
+            if factor < 1.0:
+                with torch.no_grad():
+                    for p in params:
+                        if p.grad is not None:
+                            p.grad.mul_(factor)
+            before = [_local(p).detach().clone() for p in params]
+            grad_norm = float(self.engine.optimizer_step())
+        moved = sum(float((_local(p) - b).double().pow(2).sum()) for p, b in zip(params, before))
+        moved = float(self._all_sum(torch.tensor([moved], dtype=torch.float64))[0]) ** 0.5
+        return {"grad_norm": grad_norm, "update_norm": moved}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def end_update(self) -> dict:
+        """The LR scheduler's step (once per training step, as verl's train_mini_batch) and the
+        update's numbers, reduced across ranks."""
+        self.engine.lr_scheduler_step()
+        params = self._trainable()
+        param_sq = float(self._all_sum(torch.tensor([sum(float(_local(p).double().pow(2).sum()) for p in params)],
+                                                    dtype=torch.float64))[0])
+        drift = self._distance(params)
         stats = {}
         for kind, values in self._stats.items():
             roles = sorted(values)
             reduced = self._all_sum(torch.tensor([values[r] for r in roles], dtype=torch.float64)).tolist()
             stats[kind] = dict(zip(roles, reduced))
-        return {"slots": [s for s, _ in prepared], "gram": gram.cpu(), "grad_norm": grad_norm,
-                "update_norm": update_sq ** 0.5, "param_norm": param_sq ** 0.5, "stats": stats}
+        self._minibatches = []
+        return {"param_norm": param_sq ** 0.5, "drift": drift, "drift_rate": drift - self._drift_before, "stats": stats}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_rollout(self, rollout_config, replica_rank: int) -> None:

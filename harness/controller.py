@@ -132,6 +132,12 @@ def update_metrics(update) -> Dict[str, float]:
             metrics[f"policy/{policy}/{name}"] = float(value)
     for policy, value in update.policy_update_norm.items():
         metrics[f"policy/{policy}/update_ratio"] = value / max(update.policy_param_norm[policy], 1e-12)
+    for policy, steps in update.minibatches.items():  # the first step is on-policy; later ones may clip
+        metrics[f"policy/{policy}/clipfrac_first"] = steps[0]["clipfrac"]
+        later = steps[1:]
+        if later:
+            metrics[f"policy/{policy}/clipfrac_later"] = (sum(s["clipfrac"] * s["tokens"] for s in later)
+                                                          / max(sum(s["tokens"] for s in later), 1.0))
     per_role = {"entropy": update.entropy, "kl": update.kl, "clipfrac": update.clipfrac, "ratio": update.ratio}
     for name, values in per_role.items():
         for role, value in values.items():

@@ -107,12 +107,13 @@ _CHAT_CACHE: Dict[int, Tuple[str, str]] = {}
 def chat_prompt(tokenizer, user_text: str) -> str:
     """The tokenizer's chat template around one user message, ready for generation.
 
-    The template is rendered once per tokenizer (jinja is slow) and reused as a prefix/suffix."""
+    The template is rendered once per tokenizer (jinja is slow) and reused as a prefix/suffix.
+    Thinking is off, as in the study (Qwen3's template honours `enable_thinking`; others ignore it)."""
     key = id(tokenizer)
     if key not in _CHAT_CACHE:
         marker = "\x00MARKER\x00"
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
-                                                 add_generation_prompt=True)
+                                                 add_generation_prompt=True, enable_thinking=False)
         prefix, suffix = rendered.split(marker)
         _CHAT_CACHE[key] = (prefix, suffix)
     prefix, suffix = _CHAT_CACHE[key]

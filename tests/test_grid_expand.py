@@ -24,6 +24,10 @@ def test_full_matrix_is_the_seed_study_design():
     cell = next(c for c in multi if c.cell_id == "voting-ip-code-qwen3-1.7b-s1")
     assert cell.overrides["task"] == "humaneval" and cell.overrides["model"]["lora_rank"] == 64
     assert cell.overrides["steps"] == 500 and cell.overrides["algo"]["kl_coef"] == 0.0
+    algo = cell.overrides["algo"]  # the study's update: 64 x 8 rollouts, mini-batches of 64 problems, clip 0.2/0.28
+    assert (algo["problems_per_step"], algo["group_size"], algo["ppo_mini_batch_size"]) == (64, 8, 64)
+    assert (algo["clip_ratio_low"], algo["clip_ratio_high"], algo["lr"], algo["lr_schedule"]) == (0.2, 0.28, 2e-5, "cosine")
+    assert algo["temperature"] == 0.7 and algo["loss_agg"] == "seq-mean-token-mean" and algo["lr_warmup_steps"] == 15
     assert cell.resources.gpus == 2 and cell.resources.mem_gb == 128
     # Qwen3 scales train on engine=verl over all the cell's GPUs, with the task's token budgets
     assert cell.overrides["engine"] == "verl" and cell.overrides["verl"]["gpus_per_policy"] == 2

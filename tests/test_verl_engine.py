@@ -50,6 +50,7 @@ def _compare(local_result, local_probe, verl_result, verl_probe) -> dict:
         for k, (a, b) in enumerate(zip(local_result.minibatches[policy], verl_result.minibatches[policy])):
             _close(a["loss"], b["loss"], f"{policy} mini-batch {k} loss")
             _close(a["grad_norm"], b["grad_norm"], f"{policy} mini-batch {k} grad norm")
+            _close(a["clipfrac"], b["clipfrac"], f"{policy} mini-batch {k} clipfrac")
     assert set(local_result.role_loss) == set(verl_result.role_loss)
     for role, loss in local_result.role_loss.items():
         _close(loss, verl_result.role_loss[role], f"{role} loss")

@@ -163,10 +163,13 @@ class LocalEngine:
         for k in range(max((len(plan[p]) for p in policies), default=0)):
             active = [p for p in policies if k < len(plan[p])]
             norms, losses = {}, {}
+            counted = {}  # (clipped tokens, tokens) of each policy's mini-batch
             for policy in active:
                 self._activate(policy)
                 self.optimizers[policy].zero_grad(set_to_none=True)
+                clipped, tokens = sum(stats["clipped"].values()), sum(stats["tokens"].values())
                 losses[policy] = self._backward(policy, plan[policy][k], old[policy], stats, probe)
+                counted[policy] = (sum(stats["clipped"].values()) - clipped, sum(stats["tokens"].values()) - tokens)
                 grads = [p.grad for p in self.params[policy] if p.grad is not None]
                 norms[policy] = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
             factors = clip_coefficients(norms, algo.max_grad_norm, algo.clip_scope)
@@ -175,7 +178,9 @@ class LocalEngine:
                 for role, value in losses[policy].items():
                     role_loss[(policy, role)] += value
                 result.minibatches.setdefault(policy, []).append(
-                    {"loss": sum(losses[policy].values()), "grad_norm": norms[policy], "rows": len(plan[policy][k].turns)})
+                    {"loss": sum(losses[policy].values()), "grad_norm": norms[policy],
+                     "clipfrac": counted[policy][0] / max(counted[policy][1], 1.0), "tokens": counted[policy][1],
+                     "rows": len(plan[policy][k].turns)})
                 if not math.isfinite(norms[policy]):
                     optimizer.zero_grad(set_to_none=True)
                     if policy not in result.skipped:

@@ -216,7 +216,7 @@ class VerlEngine:
                 finite = math.isfinite(stepped["grad_norm"])
                 result.minibatches.setdefault(policy, []).append(
                     {"loss": sum(out["loss"].values()), "grad_norm": norms[policy] if finite else stepped["grad_norm"],
-                     "rows": len(plan[policy][k].turns)})
+                     "clipfrac": out["clipfrac"], "tokens": out["tokens"], "rows": len(plan[policy][k].turns)})
                 if not finite:  # verl's optimizer_step skipped it
                     if policy not in result.skipped:
                         result.skipped.append(policy)

@@ -153,6 +153,7 @@ class PolicyWorker(TrainingWorker):
         self._norm, self._round_loss = norm, defaultdict(float)
         params = self._trainable()
         vectors = []
+        counts = [sum(self._stats[k].values()) for k in ("clipped", "tokens")]
         with engine.train_mode(zero_grad_on_exit=False):  # the gradient waits for step_round
             engine.optimizer_zero_grad()
             for slot, data in prepared:
@@ -163,8 +164,11 @@ class PolicyWorker(TrainingWorker):
         matrix = torch.stack(vectors)
         gram = self._all_sum(matrix @ matrix.T)
         roles = sorted(self._round_loss)
-        losses = self._all_sum(torch.tensor([self._round_loss[r] for r in roles], dtype=torch.float64)).tolist()
-        return {"slots": [s for s, _ in prepared], "gram": gram.cpu(), "loss": dict(zip(roles, losses))}
+        sums = [self._round_loss[r] for r in roles] + [sum(self._stats[k].values()) - c
+                                                        for k, c in zip(("clipped", "tokens"), counts)]
+        reduced = self._all_sum(torch.tensor(sums, dtype=torch.float64)).tolist()
+        return {"slots": [s for s, _ in prepared], "gram": gram.cpu(), "loss": dict(zip(roles, reduced)),
+                "clipfrac": reduced[-2] / max(reduced[-1], 1.0), "tokens": reduced[-1]}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def step_round(self, factor: float) -> dict:

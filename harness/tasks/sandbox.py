@@ -1,34 +1,37 @@
-"""Run untrusted, model-written Python in a separate process that cannot harm the harness.
+"""Grade model-written Python without ever running it where the verdict is decided.
 
-Each program gets: its own process group and, where the harness runs as root with util-linux,
-new network and PID namespaces (no network at all; the program is PID 1 of its own tree and
-cannot see or signal the harness) and an unprivileged user (nobody); wall and CPU time limits,
-an address-space limit, a file-size limit, a process-count limit, no core dumps; a throw-away
-working directory; a scrubbed environment; and captured output bounded in size. Where namespaces
-are not available, an audit hook installed before the program runs refuses sockets, signals to
-other processes and subprocesses instead, and `isolation` in the result says so.
+The program runs in a jail (harness/tasks/jail.py: bubblewrap, its own namespaces and uid, a
+read-only /usr and nothing else) under wall, CPU, memory, file-size and process limits. The
+dataset's checks (HumanEval's `check`, MBPP's asserts, code-synth's tests) run here, in the
+trusted process, against proxies: calling `add(2, 3)` sends the arguments to the jail as plain
+data and returns what the program's `add` returned, decoded into plain built-in values
+(harness/tasks/candidate.py). Nothing the program does can skip, see or fake a check: there is
+no pass marker to forge, no shared interpreter to `settrace`, no object whose `__eq__` lies,
+no file of another sandbox to read (each has its own tmpfs), and no installed package to copy
+answers from.
 
-A program passes only if it exits 0 *and* prints the run's random sentinel after its checks:
-exiting early (`os._exit(0)`, `sys.exit(0)`) is a failure, not a pass.
+Statuses: passed | failed (an exception, a wrong value, the program exited) | timeout (wall
+or CPU limit) | killed (another signal) | output_limit | error (the sandbox itself failed: never
+the program's fault, never memoised).
 """
 from __future__ import annotations
 
+import json
 import os
 import resource
-import secrets
-import shutil
+import select
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
-NOBODY = 65534
+from harness.tasks import candidate
+from harness.tasks.jail import Jail, JailUnavailable, find_jail  # noqa: F401 - JailUnavailable re-exported
+
+MAX_MESSAGE = 1 << 20  # one protocol line from the jail
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,8 @@ class SandboxLimits:
     wall_s: float = 10.0
     cpu_s: int = 8
     memory_mb: int = 1024  # address space
-    file_size_mb: int = 4  # any file the program writes, stdout/stderr included
-    max_processes: int = 16
+    file_size_mb: int = 4  # any file the program writes, its output included
+    max_processes: int = 16  # per sandbox (its own uid when the harness runs as root)
     max_output_bytes: int = 64 * 1024
 
 
@@ -46,138 +49,236 @@ class RunResult:
     passed: bool
     status: str  # passed | failed | timeout | killed | output_limit | error
     returncode: Optional[int]
-    stdout: str
-    stderr: str
+    stdout: str  # what the checks printed (trusted)
+    stderr: str  # what the program printed (bounded)
     wall_s: float
     isolation: List[str] = field(default_factory=list)
+    detail: str = ""
 
     @property
     def reason(self) -> str:
-        tail = self.stderr.strip().splitlines()[-1:] if self.stderr.strip() else []
-        return f"{self.status}" + (f": {tail[0][:200]}" if tail and self.status != "passed" else "")
+        return self.status + (f": {self.detail[:200]}" if self.detail and self.status != "passed" else "")
 
 
-# The trusted bootstrap: reads the sentinel and the program from files and deletes both before
-# the program runs (a program that reads its own source finds neither), runs program + checks in
-# a fresh namespace, and prints the sentinel only if they returned. Without namespaces it first
-# installs an audit hook, which the program cannot remove, refusing the network, signals to other
-# processes and new processes. Residual risk, documented: code that walks the interpreter's frames
-# could still find the sentinel in the bootstrap's locals.
-_BOOTSTRAP = r'''
-import os, sys
-def _marl_guard(event, args):
-    if event.startswith("socket.") and event != "socket.gethostname":
-        raise PermissionError("sandbox: no network")
-    if event in ("os.kill", "os.killpg") and args and args[0] not in (0, os.getpid()):
-        raise PermissionError("sandbox: no signals to other processes")
-    if event in ("os.system", "os.posix_spawn", "os.exec", "os.fork", "os.forkpty", "subprocess.Popen"):
-        raise PermissionError("sandbox: no new processes")
-def _marl_main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, ".sentinel")) as f:
-        sentinel = f.read()
-    with open(os.path.join(here, "program.py")) as f:
-        source = f.read()
-    guard = os.path.exists(os.path.join(here, ".guard"))
-    for name in (".sentinel", "program.py", ".guard"):
-        if os.path.exists(os.path.join(here, name)):
-            os.remove(os.path.join(here, name))
-    if guard:
-        sys.addaudithook(_marl_guard)
-    code = compile(source, "program.py", "exec")
-    exec(code, {"__name__": "__candidate__", "__builtins__": __builtins__})
-    print(sentinel, flush=True)
-_marl_main()
-'''
+class ProgramError(Exception):
+    """The program's function raised, or returned something that is not plain data."""
 
 
-@lru_cache(maxsize=1)
-def namespaces_available() -> bool:
-    """New net+PID namespaces and a drop to nobody work here (root with util-linux)."""
-    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")):
-        return False
-    try:
-        probe = subprocess.run(_wrapper() + [sys.executable, "-I", "-c", "import os; print(os.getuid(), os.getpid())"],
-                               capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0 and probe.stdout.split() == [str(NOBODY), "1"]
+class _Stop(BaseException):
+    """Ends the checks with a status (a BaseException: `except Exception` in a check cannot swallow it)."""
+
+    def __init__(self, status: str, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
 
 
-def _wrapper() -> List[str]:
-    return ["unshare", "--net", "--pid", "--fork", "--kill-child", "setpriv", f"--reuid={NOBODY}",
-            f"--regid={NOBODY}", "--clear-groups", "--"]
+def encode(value: Any, depth: int = 0) -> list:
+    """Plain data -> the protocol's tagged form (the same as the jailed side's)."""
+    kind = type(value)
+    if depth > 50:
+        raise ValueError("argument nested too deeply")
+    if value is None:
+        return ["none"]
+    if kind in (bool, int, str):
+        return [kind.__name__, value]
+    if kind is float:
+        return ["float", repr(value)]
+    if kind is bytes:
+        return ["bytes", value.hex()]
+    if kind in (list, tuple, set, frozenset):
+        return [kind.__name__, [encode(v, depth + 1) for v in value]]
+    if kind is dict:
+        return ["dict", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]]
+    raise TypeError(f"cannot pass a {kind.__name__} to the sandboxed program")
 
 
-def _limits(limits: SandboxLimits):
+_CONTAINERS = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+
+
+def decode(tagged: Any, depth: int = 0) -> Any:
+    """The tagged form -> plain built-in values; anything else is the program's error."""
+    if depth > 50 or not isinstance(tagged, list) or not tagged or not isinstance(tagged[0], str):
+        raise ProgramError("malformed value from the sandbox")
+    tag = tagged[0]
+    if tag == "none":
+        return None
+    payload = tagged[1] if len(tagged) > 1 else None
+    if tag == "bool" and type(payload) is bool:
+        return payload
+    if tag == "int" and type(payload) is int:
+        return payload
+    if tag == "str" and type(payload) is str:
+        return payload
+    if tag == "float" and type(payload) is str:
+        try:
+            return float(payload)
+        except ValueError:
+            raise ProgramError("malformed float from the sandbox") from None
+    if tag == "bytes" and type(payload) is str:
+        return bytes.fromhex(payload)
+    if tag in _CONTAINERS and type(payload) is list:
+        try:
+            return _CONTAINERS[tag](decode(v, depth + 1) for v in payload)
+        except TypeError as exc:  # an unhashable item in a set
+            raise ProgramError(str(exc)) from None
+    if tag == "dict" and type(payload) is list:
+        try:
+            return {decode(k, depth + 1): decode(v, depth + 1) for k, v in payload}
+        except (TypeError, ValueError) as exc:
+            raise ProgramError(str(exc)) from None
+    raise ProgramError(f"malformed value from the sandbox ({tag})")
+
+
+class _Channel:
+    """Line-delimited JSON to and from the jailed interpreter, every read bounded by the deadline."""
+
+    def __init__(self, proc: subprocess.Popen, deadline: float):
+        self.proc, self.deadline, self.buffer = proc, deadline, b""
+
+    def send(self, message: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._ended() from None
+
+    def receive(self) -> dict:
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buffer:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise _Stop("timeout", "wall-clock limit")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                raise _Stop("timeout", "wall-clock limit")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise self._ended()
+            self.buffer += chunk
+            if len(self.buffer) > MAX_MESSAGE:
+                raise _Stop("failed", "the program sent an oversized message")
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            raise _Stop("failed", "the program garbled the sandbox protocol") from None
+        if not isinstance(message, dict):
+            raise _Stop("failed", "the program garbled the sandbox protocol")
+        return message
+
+    def _ended(self) -> _Stop:
+        try:
+            code = self.proc.wait(timeout=max(0.1, min(2.0, self.deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            return _Stop("failed", "the program closed its channel")
+        return _Stop(*_exit_status(code))
+
+
+def _exit_status(code: int) -> tuple:
+    """(status, detail) of a jail that ended before the checks did: a signal (directly, or 128+n as
+    bubblewrap reports its child's) or an exit."""
+    signo = -code if code < 0 else code - 128 if code > 128 else 0
+    if signo == signal.SIGXCPU:
+        return "timeout", "CPU-time limit"
+    if signo == signal.SIGXFSZ:
+        return "output_limit", "file-size limit"
+    if signo:
+        return "killed", f"killed by signal {signo}"
+    return "failed", f"the program exited (code {code}) before the checks finished"
+
+
+class _Proxy:
+    """Stands for one of the program's functions in the checks' namespace."""
+
+    def __init__(self, channel: _Channel, name: str):
+        self._channel, self._name = channel, name
+        self.__name__ = name
+
+    def __call__(self, *args, **kwargs):
+        try:
+            request = {"name": self._name, "args": [encode(a) for a in args],
+                       "kwargs": {str(k): encode(v) for k, v in kwargs.items()}}
+        except (TypeError, ValueError) as exc:
+            raise ProgramError(str(exc)) from None
+        self._channel.send(request)
+        reply = self._channel.receive()
+        if reply.get("ok") is True:
+            return decode(reply.get("value"))
+        raise ProgramError(str(reply.get("error", "the program's function failed"))[:300])
+
+
+def _limits(limits: SandboxLimits, per_sandbox_uid: bool):
     def apply() -> None:
         os.setsid()
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))  # SIGXCPU first: a timeout
         memory = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         size = limits.file_size_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
+        if per_sandbox_uid:  # counted per user: only meaningful when the jail has a uid of its own
+            resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     return apply
 
 
+def _read_bounded(path: str, limit: int) -> tuple:
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        return handle.read(limit).decode("utf-8", errors="replace"), size
+
+
 class Sandbox:
-    def __init__(self, limits: SandboxLimits = SandboxLimits(), use_namespaces: Optional[bool] = None,
-                 tmp_root: Optional[str] = None):
+    def __init__(self, limits: SandboxLimits = SandboxLimits(), unsafe: bool = False, jail: Optional[Jail] = None):
         self.limits = limits
-        self.use_namespaces = namespaces_available() if use_namespaces is None else use_namespaces
-        self.tmp_root = tmp_root  # where working dirs are made (default: the system's temp dir)
+        self.jail = jail if jail is not None else find_jail(unsafe)  # JailUnavailable: fail closed
 
     def run(self, program: str, checks: str = "") -> RunResult:
-        """Run `program` then `checks` (trusted test code) in one fresh sandboxed interpreter."""
-        sentinel = f"__marl_sandbox_ok_{secrets.token_hex(16)}__"
-        workdir = Path(tempfile.mkdtemp(prefix="marl-sbx-", dir=self.tmp_root))
-        capture = Path(tempfile.mkdtemp(prefix="marl-sbx-out-", dir=self.tmp_root))  # 0700: out of the program's reach
-        started = time.perf_counter()
-        try:
-            (workdir / "main.py").write_text(_BOOTSTRAP)
-            (workdir / "program.py").write_text(program + "\n\n" + checks + "\n")
-            (workdir / ".sentinel").write_text(sentinel)
-            if not self.use_namespaces:
-                (workdir / ".guard").write_text("")
-            os.chmod(workdir, 0o777)  # the program runs as nobody: its working dir is its own
-            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(workdir), "TMPDIR": str(workdir),
-                   "PYTHONDONTWRITEBYTECODE": "1"}
-            command = [sys.executable, "-I", "main.py"]
-            if self.use_namespaces:
-                command = _wrapper() + command
-            with open(capture / "out", "wb") as out, open(capture / "err", "wb") as err:
-                proc = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                        stderr=err, preexec_fn=_limits(self.limits), close_fds=True)
+        """Run `program` in the jail and `checks` (trusted test code) here, against its functions."""
+        started = time.monotonic()
+        deadline = started + self.limits.wall_s
+        printed: List[str] = []
+        status, detail, returncode = "passed", "", None
+        with tempfile.TemporaryDirectory(prefix="marl-sbx-") as private:  # 0700: out of the program's reach
+            err_path = os.path.join(private, "program-output")
+            argv = self.jail.command([self.jail.python, "-I", "-S", "-c", candidate.SOURCE])
+            per_uid = not self.jail.unsafe and os.geteuid() == 0
+            env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+            with open(err_path, "wb") as err:
                 try:
-                    returncode = proc.wait(timeout=self.limits.wall_s)
-                    timed_out = False
-                except subprocess.TimeoutExpired:
-                    _kill_group(proc)
-                    returncode, timed_out = proc.wait(), True
-            stdout, out_size = _read_bounded(capture / "out", self.limits.max_output_bytes)
-            stderr, _ = _read_bounded(capture / "err", self.limits.max_output_bytes)
-        finally:
-            _kill_group_quietly(locals().get("proc"))
-            shutil.rmtree(workdir, ignore_errors=True)
-            shutil.rmtree(capture, ignore_errors=True)
-        wall = time.perf_counter() - started
-        isolation = ["process-group", "rlimits", "tmp-workdir", "clean-env"] + \
-                    (["net-namespace", "pid-namespace", "user-nobody"] if self.use_namespaces else ["audit-hook"])
-        passed = not timed_out and returncode == 0 and sentinel in stdout.splitlines()
-        if passed:
-            status = "passed"
-        elif timed_out:
-            status = "timeout"
-        elif returncode is not None and returncode < 0 and -returncode == signal.SIGXFSZ or \
-                out_size >= self.limits.file_size_mb * 1024 * 1024:
-            status = "output_limit"
-        elif returncode is not None and returncode < 0:
-            status = "killed"
-        else:
-            status = "failed"
-        return RunResult(passed, status, returncode, stdout.replace(sentinel, "<sentinel>"), stderr, wall, isolation)
+                    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
+                                            cwd=private if self.jail.unsafe else "/", close_fds=True,
+                                            preexec_fn=_limits(self.limits, per_uid))
+                except OSError as exc:
+                    return RunResult(False, "error", None, "", "", time.monotonic() - started,
+                                     self.jail.isolation, f"the sandbox could not start: {exc}")
+            channel = _Channel(proc, deadline)
+            try:
+                channel.send({"program": program})
+                hello = channel.receive()
+                if hello.get("ready") is not True:
+                    raise _Stop("failed", str(hello.get("error", "the program did not load"))[:300])
+                functions = hello.get("functions")
+                if not isinstance(functions, list) or not all(isinstance(n, str) for n in functions):
+                    raise _Stop("failed", "the program garbled the sandbox protocol")
+                namespace: Dict[str, Any] = {"__name__": "__checks__"}
+                namespace.update({name: _Proxy(channel, name) for name in functions if name.isidentifier()})
+                namespace["print"] = lambda *a, sep=" ", end="\n", **_: printed.append(sep.join(map(str, a)) + end)
+                exec(compile(checks, "checks.py", "exec"), namespace)  # trusted: the dataset's tests
+            except _Stop as stop:
+                status, detail = stop.status, stop.detail
+            except Exception as exc:  # noqa: BLE001 - a failing check is the verdict, not a crash
+                status, detail = "failed", f"{type(exc).__name__}: {str(exc)[:300]}"
+            finally:
+                _stop(proc)
+                returncode = proc.returncode
+            program_output, size = _read_bounded(err_path, self.limits.max_output_bytes)
+        if status == "failed" and (size >= self.limits.file_size_mb * 1024 * 1024):
+            status, detail = "output_limit", "file-size limit"
+        if status == "failed" and program_output.startswith(("bwrap:", "setpriv:")):
+            status, detail = "error", program_output.strip().splitlines()[0][:300]  # the jail, not the program
+        checks_output = "".join(printed)[: self.limits.max_output_bytes]
+        return RunResult(status == "passed", status, returncode, checks_output, program_output,
+                         time.monotonic() - started, self.jail.isolation, detail)
 
     def run_many(self, jobs: Sequence[tuple], max_workers: int = 2) -> List[RunResult]:
         """(program, checks) pairs, at most `max_workers` sandboxes at once, results in order."""
@@ -185,21 +286,16 @@ class Sandbox:
             return list(pool.map(lambda job: self.run(*job), jobs))
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _kill_group_quietly(proc) -> None:
-    if proc is not None and proc.poll() is None:
-        _kill_group(proc)
-        proc.wait()
-
-
-def _read_bounded(path: Path, limit: int) -> tuple:
-    size = path.stat().st_size if path.exists() else 0
-    with open(path, "rb") as handle:
-        data = handle.read(limit)
-    return data.decode("utf-8", errors="replace"), size
+def _stop(proc: subprocess.Popen) -> None:
+    """End the jail: its session's group (bubblewrap's children die with it: --die-with-parent)."""
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()

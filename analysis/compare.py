@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import load_alerts, load_cells, load_metrics
+from analysis.tables import to_markdown
 
 FAILURE_MODES = ("amplification", "capture", "length_drift", "collapse", "non_finite")
 PAIR_KEYS = ["sweep_dir", "scale", "task_axis", "seed"]  # a baseline pairs within its own sweep directory
@@ -102,6 +103,17 @@ def ci_frame(gains: pd.DataFrame, metric: str = "gain_final") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def seeds_sentence(ci: pd.DataFrame) -> str:
+    """How many seeds stand behind the tables, in one sentence a reader needs before trusting them."""
+    counts = sorted({int(n) for n in ci["n"]}) if len(ci) else []
+    if not counts:
+        return "No multi-agent cell has a paired baseline yet, so no gains are shown."
+    seeds = f"{counts[0]} seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]} seeds"
+    note = (" Rows with n=1 carry no confidence interval: one seed gives no spread."
+            if counts[0] == 1 else "")
+    return f"Each entry is the mean over {seeds} (n per entry) with a 95% paired t confidence interval.{note}"
+
+
 def _format_ci(stat: Tuple[float, float, float, int]) -> str:
     mean, low, high, n = stat
     if math.isnan(mean):
@@ -136,12 +148,12 @@ def markdown(result: dict) -> str:
     parts = ["# Multi-agent RL vs single-agent baselines", ""]
     for task, table in result["tables"].items():
         parts += [f"## Task {task}: final validation accuracy minus the paired baseline's "
-                  f"(mean [95% CI] over seeds)", "", table.reset_index().to_markdown(index=False), ""]
+                  f"(mean [95% CI] over seeds)", "", seeds_sentence(result["ci"]), "", to_markdown(table.reset_index()), ""]
     gains = result["gains"]
     if len(gains):
-        parts += ["## Cells", "", gains[CELL_TABLE].to_markdown(index=False, floatfmt="+.3f"), ""]
-        parts += ["## Best cells", "", result["best"].to_markdown(index=False, floatfmt="+.3f"), "",
-                  "## Worst cells", "", result["worst"].to_markdown(index=False, floatfmt="+.3f"), ""]
+        parts += ["## Cells", "", to_markdown(gains[CELL_TABLE]), ""]
+        parts += ["## Best cells", "", to_markdown(result["best"]), "",
+                  "## Worst cells", "", to_markdown(result["worst"]), ""]
     return "\n".join(parts)
 
 

@@ -9,6 +9,8 @@ from typing import Iterable, List, Sequence
 
 import pandas as pd
 
+from analysis.tables import display, to_markdown
+
 STYLE = """
 body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1100px;
        color: #222; line-height: 1.4; }
@@ -37,18 +39,15 @@ def image(path: Path, alt: str) -> str:
     return f'<img src="data:image/png;base64,{data}" alt="{esc(alt)}">'
 
 
-def table(frame: pd.DataFrame, floatfmt: str = "{:+.3f}", links: dict | None = None) -> str:
-    """An escaped HTML table; `links` maps a cell text to an href."""
+def table(frame: pd.DataFrame, links: dict | None = None) -> str:
+    """An escaped HTML table, numbers formatted as in every report (analysis/tables.py); `links`
+    maps a cell text to an href."""
     links = links or {}
     head = "".join(f"<th>{esc(c)}</th>" for c in frame.columns)
     rows = []
-    for _, row in frame.iterrows():
+    for _, row in display(frame).iterrows():
         cells = []
-        for value in row:
-            if isinstance(value, float):
-                text = "" if pd.isna(value) else floatfmt.format(value)
-            else:
-                text = "" if value is None or (not isinstance(value, str) and pd.isna(value)) else str(value)
+        for text in row:
             cell = f'<a href="{esc(links[text])}">{esc(text)}</a>' if text in links else esc(text)
             cells.append(f"<td>{cell}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
@@ -56,9 +55,7 @@ def table(frame: pd.DataFrame, floatfmt: str = "{:+.3f}", links: dict | None = N
 
 
 def md_table(frame: pd.DataFrame) -> str:
-    if frame.empty:
-        return "_none_"
-    return frame.to_markdown(index=False, floatfmt="+.3f")
+    return to_markdown(frame)
 
 
 def md_code(text: str) -> str:

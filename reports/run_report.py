@@ -97,9 +97,9 @@ def build_run_report(run: Path) -> Path:
     turns = sample_turns(load_samples(run))
 
     body = [f"<h1>Run report: {esc(cell['cell_id'])}</h1>", "<h2>Summary</h2>", kv_table(summary),
-            "<h2>Alerts</h2>", table(alert_frame, "{:.3f}") if len(alert_frame) else '<p class="muted">no alerts</p>',
+            "<h2>Alerts</h2>", table(alert_frame) if len(alert_frame) else '<p class="muted">no alerts</p>',
             "<h2>Per-role curves</h2>", image(curves, "per-role curves") if curves else "<p>no metrics yet</p>",
-            "<h2>Roles early vs late (first and last 10% of steps)</h2>", table(roles, "{:.3f}") if len(roles) else "",
+            "<h2>Roles early vs late (first and last 10% of steps)</h2>", table(roles) if len(roles) else "",
             "<h2>Role outputs early vs late</h2>"]
     if turns:
         rows = "".join(f"<tr><td>{t['step']}</td><td>{esc(t['role'])}</td><td><pre>{esc(t['prompt'])}</pre></td>"

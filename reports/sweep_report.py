@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.compare import CELL_TABLE, FAILURE_MODES, compare, write_outputs
+from analysis.compare import CELL_TABLE, FAILURE_MODES, compare, seeds_sentence, write_outputs
 from analysis.load import find_runs, load_metrics
 from analysis.plots import gain_heatmap, sp_vs_ip
 from reports.render import esc, image, md_table, page, table, write
@@ -43,14 +43,14 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
             f"tables as CSV, Markdown and LaTeX in <code>tables/</code>.</p>"]
     for task, grid in result["tables"].items():
         body += [f"<h2>Task {esc(task)}: final accuracy − paired baseline (mean [95% CI] over seeds)</h2>",
-                 table(grid.reset_index())]
+                 f"<p>{esc(seeds_sentence(result['ci']))}</p>", table(grid.reset_index())]
     body += ["<h2>Gain heatmap</h2>"] + [image(p, p.stem) for p in heatmaps]
     body += ["<h2>SP vs IP</h2>"] + [image(p, p.stem) for p in side_by_side]
     if len(gains):
         body += ["<h2>Cells against their baselines</h2>", table(gains[CELL_TABLE], links=links),
                  "<h2>Best cells</h2>", table(result["best"], links=links),
                  "<h2>Worst cells</h2>", table(result["worst"], links=links)]
-    body += ["<h2>Failure modes (step each first fired)</h2>", table(modes, "{:.0f}", links=links),
+    body += ["<h2>Failure modes (step each first fired)</h2>", table(modes, links=links),
              "<h2>Run reports</h2>",
              "<ul>" + "".join(f'<li><a href="{esc(href)}">{esc(cid)}</a></li>' for cid, href in sorted(links.items()))
              + "</ul>"]
@@ -59,7 +59,7 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
     md = [f"# Sweep report: {sweep.name}", "", f"{len(cells)} cells.", ""]
     for task, grid in result["tables"].items():
         md += [f"## Task {task}: final accuracy − paired baseline (mean [95% CI] over seeds)", "",
-               grid.reset_index().to_markdown(index=False), ""]
+               seeds_sentence(result["ci"]), "", md_table(grid.reset_index()), ""]
     md += [f"![{p.stem}]({p.name})" for p in heatmaps + side_by_side] + [""]
     if len(gains):
         md += ["## Cells against their baselines", "", md_table(gains[CELL_TABLE]), ""]

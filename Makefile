@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup demo test bench clean
+.PHONY: setup jail system demo test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,14 +17,26 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed jail
+
+# The jail for model-written code (code tasks refuse to run without it): Debian's bubblewrap.
+jail:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null; \
+	  else echo "note: code tasks need bubblewrap: sudo apt-get install bubblewrap (Debian/Ubuntu)"; fi; }
 
 # The main job on the embedded default: the smoke sweep (every topology x {SP, IP} + the
 # single-agent baseline) on the tiny CPU model, as local processes; then its status table.
 demo: setup
 	$(PY) grid/launch.py sweep=smoke
 
-test: setup
+# What the tests need outside Python (a browser, the local SLURM cluster): installed and started as
+# root on Debian, otherwise named with the command that provides it.
+system:
+	bash tests/system-setup.sh
+
+test: setup system
 	$(PY) -m pytest -q
 
 bench: setup

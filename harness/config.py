@@ -228,6 +228,7 @@ class SandboxConfig:
     wall_s: float = 10.0
     cpu_s: int = 8
     memory_mb: int = 1024
+    unsafe: bool = False  # true: run model-written code without a jail (rlimits only); never for untrusted models
 
 
 @dataclass
@@ -243,7 +244,7 @@ class CellConfig:
     sweep: str = "default"
     cell_id: Optional[str] = None  # default: derived from the axis values
     val_every: int = 10
-    val_problems: int = 64
+    val_problems: int = 32
     val_samples: int = 4  # sampled episodes per validation problem (at algo.temperature); accuracy +- its SE
     val_greedy: bool = False  # true: one greedy episode per problem instead
     ckpt_every: int = 10
@@ -352,7 +353,15 @@ def validate(cfg: CellConfig) -> None:
         raise ConfigError("sharing=custom needs sharing_cfg.groups, e.g. "
                           "'sharing_cfg.groups={a:[voter],b:[aggregator]}'")
     from harness.models import is_tiny
-    from harness.tasks import NEEDS_PATH, WARMUP_TASKS
+    from harness.tasks import CODE_TASKS, NEEDS_PATH, WARMUP_TASKS
+
+    if cfg.task in CODE_TASKS and not cfg.sandbox.unsafe:  # fail closed: no jail, no code task
+        from harness.tasks.jail import JailUnavailable, find_jail
+
+        try:
+            find_jail()
+        except JailUnavailable as exc:
+            raise ConfigError(str(exc)) from None
 
     if is_tiny(cfg.scale) and cfg.task not in WARMUP_TASKS:
         raise ConfigError(f"scale {cfg.scale} is a tiny model warmed up on its task; task {cfg.task} has no warm-up: "

@@ -16,7 +16,8 @@ def _run(tmp_path, *overrides):
 
 
 def test_amplification_under_ip_not_under_ip_instance_and_wandb_has_it(tmp_path, warm_model_dir):
-    common = ("topology=voting", "steps=12", "val_every=100", "samples_every=0")
+    # patience 1: the alert path to wandb is exercised whichever step the structural signal peaks at
+    common = ("topology=voting", "steps=12", "val_every=100", "samples_every=0", "monitors.amplification.patience=1")
     _, run, ip, ip_alerts = _run(tmp_path, "sharing=ip", "wandb.enabled=true", *common)
     _, _, control, control_alerts = _run(tmp_path, "sharing=ip_instance", *common)
     amp_ip = mean(m["role/voter/amplification"] for m in ip)
@@ -24,8 +25,11 @@ def test_amplification_under_ip_not_under_ip_instance_and_wandb_has_it(tmp_path,
     coh_ip = mean(m["role/voter/coherence"] for m in ip)
     coh_control = mean(m["role/voter/coherence"] for m in control)
     print(f"amplification ip {amp_ip:.2f} vs ip_instance {amp_control:.2f}; coherence {coh_ip:.2f} vs {coh_control:.2f}")
+    # within one mini-batch the three voters' gradients are about orthogonal (coherence ~1), so their sum
+    # is ~sqrt(3) one voter's: the structure alone gives this amplification (what the update-semantics
+    # mechanism adds is 3x the optimizer steps: tests/test_update_semantics.py)
     assert amp_ip >= 1.5 and amp_ip >= 1.4 * amp_control
-    assert coh_ip >= 1.3 and abs(coh_control - 1.0) < 1e-9
+    assert abs(coh_control - 1.0) < 1e-9 and 0.5 < coh_ip < 1.5
     assert {a["kind"] for a in ip_alerts} == {"amplification"} and ip_alerts[0]["policy"] == "voter"
     assert not [a for a in control_alerts if a["kind"] == "amplification"]
 

@@ -101,10 +101,13 @@ def test_verl_cell_runs_on_slurm(tmp_path, warm_model_dir, slurm_cluster, ray_up
     assert ("ray-up: cluster at" in err_path.read_text()) == (ray_up == "always")
 
 
+@pytest.mark.timeout(1500)
 def test_time_limited_cell_requeues_and_finishes(tmp_path, warm_model_dir, slurm_cluster):
     # a 1-minute limit, signalled 25 s before: the cell needs at least two attempts on any machine here
-    # (SLURM makes a requeued job eligible 120 s later, so each requeue costs ~2.5 min)
+    # (SLURM makes a requeued job eligible 120 s later, so each requeue costs ~2.5 min); one mini-batch
+    # per step keeps the attempts few
     args = ["sweep=smoke", "sweep.axes.topology=[single]", "sweep.baseline=false", "sweep.cell.steps=450",
+            "sweep.cell.algo.ppo_mini_batch_size=8",
             "sweep.cell.ckpt_every=10", "sweep.cell.val_every=1000", "cluster.resources.tiny-m.time_min=1",
             "cluster.signal_delay_s=25", "wait=true"]
     proc = launch(tmp_path, *args, timeout=1500)

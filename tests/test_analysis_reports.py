@@ -148,8 +148,13 @@ def test_run_and_sweep_reports_render_in_chromium(sweep, tmp_path):
 
 def _md_section_table(md: str, heading: str) -> list:
     """The rows of the first Markdown table under `heading`, as dicts of cell texts."""
-    lines = md.split(heading, 1)[1].splitlines()
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
+    lines = md.split(heading, 1)[1].lstrip("\n").splitlines()
+    table = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table]
     header = rows[0]
     return [dict(zip(header, r)) for r in rows[2:]]
 

@@ -55,8 +55,9 @@ def test_sp_role_with_more_tokens_takes_more_than_its_turn_share(tmp_path, warm_
 
 
 def test_length_drift_stops_the_run_cleanly(tmp_path, warm_model_dir):
+    # an aggregator paid per token; T=1.5 so it ever samples past its index (at T=1 the warm model almost never does)
     args = [f"root={tmp_path}", "topology=voting", "sharing=ip", "steps=100", "progress=false", "val_every=20",
-            "wandb.enabled=false", "+reward.per_role.aggregator.length=1.0",
+            "wandb.enabled=false", "+reward.per_role.aggregator.length=1.0", "algo.temperature=1.5",
             "+workflow.role_max_new_tokens={aggregator:24}", "monitors.drift.action=stop"]
     proc = subprocess.run(python_cmd() + args, cwd=REPO, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr

@@ -168,6 +168,12 @@ def test_what_the_program_can_see_is_its_own_empty_jail(sandbox):
               "assert tmp == [] and cwd == '/tmp' and set(env) <= {'PATH', 'HOME', 'LANG', 'PWD'} and packages == []\n")
     result = sandbox.run(probe, checks)
     assert result.passed, result.reason
+    sockets = ("import socket\ndef open_one(family):\n    try:\n        socket.socket(family)\n"
+               "        return 'opened'\n    except OSError as exc:\n        return exc.errno\n")
+    denied = sandbox.run(sockets, "import errno, socket\n"
+                                  "assert open_one(int(socket.AF_INET)) == errno.EPERM\n"
+                                  "assert open_one(int(socket.AF_UNIX)) == errno.EPERM\n")
+    assert "seccomp-no-socket" in sandbox.jail.isolation and denied.passed, denied.reason  # seccomp: no socket(2)
     results = sandbox.run_many([("import os\nopen('/tmp/mine', 'w').write('x')\ndef files(): return os.listdir('/tmp')",
                                  "assert files() == ['mine']")] * 4, max_workers=2)
     assert all(r.passed for r in results), [r.reason for r in results]  # each sees its own /tmp only
@@ -215,7 +221,7 @@ def test_a_broken_jail_is_an_error_never_memoised_as_the_programs_failure(tmp_pa
     from harness.tasks.code import CodeSynthTask
 
     class BrokenJail(Jail):
-        def command(self, argv):
+        def command(self, argv, seccomp_fd=None):
             return ["bwrap", "--no-such-option"] + argv
 
     task = CodeSynthTask(SimpleNamespace(n_train=10, n_val=2, max_const=4), SimpleNamespace(wall_s=5, cpu_s=2, memory_mb=512,

@@ -5,9 +5,11 @@ own disjoint parameters), so instances on different policies are orthogonal by c
     role grad norm   ‖Σ_{i∈role} g_i‖
     grad share       g_role·g_total / ‖g_total‖²       (shares of all roles sum to 1)
     coherence        ‖Σ_{i∈S} g_i‖² / Σ_{i∈S} ‖g_i‖²   (≈1 orthogonal, ≈n aligned; n same-type instances)
-    amplification    max over policies P of ‖Σ_{i∈role∩P} g_i‖ / mean_{i∈role∩P} ‖g_i‖: how much harder
-                     than one instance the role's same-type instances push the policy they share
-                     (1 when every instance has its own policy; sqrt(n) orthogonal; n aligned)
+    amplification    max over policies P of ‖Σ_{i∈role∩P} g_i‖ / mean_{i∈role∩P} ‖g_i‖ within one optimizer
+                     step: how the role's same-type instances' gradients add up on the policy they share
+                     (1 when every instance has its own policy; sqrt(n) orthogonal; n aligned). Under a
+                     mean loss this is alignment, not speed: the faster update of a shared adapter is its
+                     extra optimizer steps (policy/<p>/optimizer_steps, drift)
 """
 from __future__ import annotations
 

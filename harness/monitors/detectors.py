@@ -68,7 +68,7 @@ class AmplificationDetector:
                 alerts.append(Alert(
                     record["step"], self.kind, role, policy, amplification, self.cfg.min_amplification,
                     f"gradient amplification: {int(record[f'role/{role}/instances_per_policy'])} {role} instances "
-                    f"push policy {policy} {amplification:.2f}x harder than one instance "
+                    f"on policy {policy}: their summed gradient is {amplification:.2f}x one instance's "
                     f"(coherence {coherence:.2f}) for {self.streak[role]} steps", self.cfg.action))
         return alerts
 

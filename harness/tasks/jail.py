@@ -8,6 +8,10 @@ As root, bubblewrap itself is started under a fresh unprivileged uid per sandbox
 concurrent sandboxes are different users outside too and per-user limits (processes) are per
 sandbox; as another user it runs rootless under that user.
 
+A seccomp filter (bubblewrap's --seccomp) makes socket(2) fail: the network namespace already
+has nothing to reach, and a program that cannot open a socket cannot reach an abstract Unix
+socket either.
+
 Where no jail works, code tasks refuse to run (`JailUnavailable`) unless the user opts in with
 `sandbox.unsafe=true`: then the program runs under the harness's own interpreter with rlimits
 only, and every result says `isolation: unsafe`.
@@ -16,7 +20,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import platform
 import shutil
+import struct
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -27,6 +33,32 @@ JAIL_PYTHON = "/usr/bin/python3"  # the system interpreter: its stdlib only
 UID_BASE, UID_SPAN = 200_000, 800_000  # unprivileged uids for jails started by root (no passwd entry needed)
 _uids = itertools.count()
 _uid_lock = threading.Lock()
+
+
+# seccomp: the syscall number of socket(2) and the audit arch per machine (linux/audit.h)
+_SOCKET = {"x86_64": (41, 0xC000003E), "aarch64": (198, 0xC00000B7)}
+
+
+def socket_filter() -> Optional[bytes]:
+    """A classic-BPF seccomp program that makes socket(2) fail with EPERM (and kills a process that
+    uses another syscall ABI), for bubblewrap's --seccomp; None on a machine it does not know."""
+    known = _SOCKET.get(platform.machine())
+    if known is None:
+        return None
+    nr, arch = known
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, eperm, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000
+    program = [
+        (ld_abs, 0, 0, 4),             # 0: arch
+        (jeq, 0, 5, arch),             # 1: other arch -> 7
+        (ld_abs, 0, 0, 0),             # 2: syscall number
+        (jge, 3, 0, 0x40000000),       # 3: x32 ABI -> 7
+        (jeq, 1, 0, nr),               # 4: socket -> 6
+        (ret, 0, 0, allow),            # 5
+        (ret, 0, 0, eperm),            # 6
+        (ret, 0, 0, kill),             # 7
+    ]
+    return b"".join(struct.pack("HBBI", *insn) for insn in program)
 
 
 class JailUnavailable(RuntimeError):
@@ -44,10 +76,11 @@ class Jail:
             return ["unsafe", "rlimits", "clean-env"]
         return ["bubblewrap", "user-namespace", "mount-namespace", "pid-namespace", "net-namespace",
                 "ipc-namespace", "ro-usr-only", "private-tmp", "clean-env", "rlimits",
-                "distinct-uid" if os.geteuid() == 0 else "rootless"]
+                "distinct-uid" if os.geteuid() == 0 else "rootless"] + (["seccomp-no-socket"] if socket_filter() else [])
 
-    def command(self, argv: List[str]) -> List[str]:
-        """The command line that runs `argv` (an interpreter call) in a fresh jail."""
+    def command(self, argv: List[str], seccomp_fd: Optional[int] = None) -> List[str]:
+        """The command line that runs `argv` (an interpreter call) in a fresh jail; `seccomp_fd`, an
+        open file holding `socket_filter()`, passed on to the child (pass_fds)."""
         if self.unsafe:
             return argv
         prefix: List[str] = []
@@ -61,6 +94,7 @@ class Jail:
             "--symlink", "usr/bin", "/bin", *[a for p in hidden for a in ("--tmpfs", p)],
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp",
             "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
             "--setenv", "PATH", "/usr/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
             "--", *argv]
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from harness.tasks import candidate
-from harness.tasks.jail import Jail, JailUnavailable, find_jail  # noqa: F401 - JailUnavailable re-exported
+from harness.tasks.jail import Jail, JailUnavailable, find_jail, socket_filter  # noqa: F401 - re-exported
 
 MAX_MESSAGE = 1 << 20  # one protocol line from the jail
 
@@ -221,6 +221,18 @@ def _limits(limits: SandboxLimits, per_sandbox_uid: bool):
     return apply
 
 
+def _filter_file(directory: str):
+    """An open file holding the seccomp program (bubblewrap reads it from the inherited fd), or None."""
+    program = socket_filter()
+    if program is None:
+        return None
+    handle = open(os.path.join(directory, "seccomp.bpf"), "w+b")
+    handle.write(program)
+    handle.flush()
+    handle.seek(0)
+    return handle
+
+
 def _read_bounded(path: str, limit: int) -> tuple:
     size = os.path.getsize(path)
     with open(path, "rb") as handle:
@@ -240,17 +252,23 @@ class Sandbox:
         status, detail, returncode = "passed", "", None
         with tempfile.TemporaryDirectory(prefix="marl-sbx-") as private:  # 0700: out of the program's reach
             err_path = os.path.join(private, "program-output")
-            argv = self.jail.command([self.jail.python, "-I", "-S", "-c", candidate.SOURCE])
+            seccomp = _filter_file(private) if not self.jail.unsafe else None
+            argv = self.jail.command([self.jail.python, "-I", "-S", "-c", candidate.SOURCE],
+                                     seccomp_fd=None if seccomp is None else seccomp.fileno())
             per_uid = not self.jail.unsafe and os.geteuid() == 0
             env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
             with open(err_path, "wb") as err:
                 try:
                     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
                                             cwd=private if self.jail.unsafe else "/", close_fds=True,
+                                            pass_fds=() if seccomp is None else (seccomp.fileno(),),
                                             preexec_fn=_limits(self.limits, per_uid))
                 except OSError as exc:
                     return RunResult(False, "error", None, "", "", time.monotonic() - started,
                                      self.jail.isolation, f"the sandbox could not start: {exc}")
+                finally:
+                    if seccomp is not None:
+                        seccomp.close()
             channel = _Channel(proc, deadline)
             try:
                 channel.send({"program": program})

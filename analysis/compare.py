@@ -108,10 +108,14 @@ def seeds_sentence(ci: pd.DataFrame) -> str:
     counts = sorted({int(n) for n in ci["n"]}) if len(ci) else []
     if not counts:
         return "No multi-agent cell has a paired baseline yet, so no gains are shown."
-    seeds = f"{counts[0]} seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]} seeds"
-    note = (" Rows with n=1 carry no confidence interval: one seed gives no spread."
-            if counts[0] == 1 else "")
-    return f"Each entry is the mean over {seeds} (n per entry) with a 95% paired t confidence interval.{note}"
+    no_ci = "rows with n=1 carry no confidence interval: one seed gives no spread."
+    if counts == [1]:
+        return f"Each entry is the gain of a single seed (n=1); {no_ci}"
+    if counts[0] == 1:
+        return (f"Each entry is the mean over 1 to {counts[-1]} seeds (n per entry) with a 95% paired t confidence "
+                f"interval where n > 1; {no_ci}")
+    seeds = f"{counts[0]} seeds" if len(counts) == 1 else f"{counts[0]} to {counts[-1]} seeds"
+    return f"Each entry is the mean over {seeds} (n per entry) with a 95% paired t confidence interval."
 
 
 def _format_ci(stat: Tuple[float, float, float, int]) -> str:

@@ -13,7 +13,8 @@ MISSING = "–"
 
 
 def format_value(column: str, value) -> str:
-    if value is None or (not isinstance(value, (str, bool)) and pd.isna(value)):
+    if value is None or (isinstance(value, str) and not value.strip()) or \
+            (not isinstance(value, (str, bool)) and pd.isna(value)):
         return MISSING
     if isinstance(value, (bool, str)) or not isinstance(value, numbers.Real):
         return str(value)

@@ -181,7 +181,9 @@ def test_a_single_seed_says_it_has_no_confidence_interval():
     from analysis.compare import seeds_sentence
 
     one = seeds_sentence(pd.DataFrame({"n": [1, 1]}))
-    assert "1 seed " in one and "n=1 carry no confidence interval" in one
+    assert "a single seed (n=1)" in one and "n=1 carry no confidence interval" in one
+    mixed = seeds_sentence(pd.DataFrame({"n": [1, 3]}))
+    assert "1 to 3 seeds" in mixed and "n=1 carry no confidence interval" in mixed
     assert "n=1" not in seeds_sentence(pd.DataFrame({"n": [3, 5]}))
 
 

@@ -17,7 +17,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Protocol, Sequence, Tuple
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
@@ -87,6 +87,49 @@ def update_plan(samples: Sequence[Turn], algo, seed: int, step: int) -> Dict[str
                 batches.append(_minibatch([turns[i] for i in order[start: start + rows_per_batch]]))
         plan[policy] = batches
     return plan
+
+
+def record_minibatch(result: UpdateResult, role_loss: Dict[Tuple[str, str], float], policy: str,
+                     losses: Dict[str, float], grad_norm: float, clipped: float, tokens: float, rows: int) -> None:
+    """One optimizer step's numbers, as both engines record them (before stepping)."""
+    for role, value in losses.items():
+        role_loss[(policy, role)] += value
+    result.minibatches.setdefault(policy, []).append(
+        {"loss": sum(losses.values()), "grad_norm": grad_norm, "clipfrac": clipped / max(tokens, 1.0),
+         "tokens": tokens, "rows": rows})
+
+
+def record_step(result: UpdateResult, policy: str, moved: Optional[float]) -> None:
+    """The policy stepped and moved ‖Δθ‖ = `moved`, or (None) its step was skipped as non-finite."""
+    if moved is None:
+        if policy not in result.skipped:
+            result.skipped.append(policy)
+        return
+    result.policy_update_norm[policy] = result.policy_update_norm.get(policy, 0.0) + moved
+    result.optimizer_steps[policy] = result.optimizer_steps.get(policy, 0) + 1
+
+
+def finish_update(result: UpdateResult, plan: Dict[str, List[MiniBatch]], role_loss: Dict[Tuple[str, str], float],
+                  sums: Dict[str, Dict[str, float]]) -> None:
+    """Per-policy and per-role summaries from the recorded steps and each role's token sums
+    (entropy, kl, clipped, ratio, tokens); the engine adds param norms and drift."""
+    for policy in plan:
+        steps = result.minibatches[policy]
+        finite = [m["grad_norm"] for m in steps if math.isfinite(m["grad_norm"])]
+        result.policy_grad_norm[policy] = steps[0]["grad_norm"]
+        result.grad_norm_mean[policy] = sum(finite) / len(finite) if finite else float("nan")
+        result.loss += sum(m["loss"] for m in steps) / len(steps)
+        result.optimizer_steps.setdefault(policy, 0)  # every step skipped: no update norm either
+    for (policy, role), value in role_loss.items():
+        result.role_loss[role] = result.role_loss.get(role, 0.0) + value / len(plan[policy])
+    tokens = sums["tokens"]
+
+    def per_token(kind: str) -> Dict[str, float]:
+        return {r: sums[kind][r] / tokens[r] for r in tokens if tokens[r]}
+
+    result.entropy, result.clipfrac, result.ratio = per_token("entropy"), per_token("clipped"), per_token("ratio")
+    if sums.get("kl"):
+        result.kl = per_token("kl")
 
 
 def clip_coefficients(norms: Dict[str, float], max_norm: float, scope: str) -> Dict[str, float]:

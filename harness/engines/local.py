@@ -16,7 +16,8 @@ import torch
 
 from harness.algo.loss import BatchNorm, ClipConfig, aggregate, kl_to_reference, ppo_clip_loss
 from harness.engines.adapters import attach_adapters
-from harness.engines.base import MiniBatch, UpdateResult, clip_coefficients, lr_multiplier, update_plan
+from harness.engines.base import (MiniBatch, UpdateResult, clip_coefficients, finish_update, lr_multiplier,
+                                  record_minibatch, record_step, update_plan)
 from harness.engines.sampling import generate_grouped, sample_repeated
 from harness.workflows import Generation, Sampling, Turn
 
@@ -175,16 +176,11 @@ class LocalEngine:
             factors = clip_coefficients(norms, algo.max_grad_norm, algo.clip_scope)
             for policy in active:
                 params, optimizer = self.params[policy], self.optimizers[policy]
-                for role, value in losses[policy].items():
-                    role_loss[(policy, role)] += value
-                result.minibatches.setdefault(policy, []).append(
-                    {"loss": sum(losses[policy].values()), "grad_norm": norms[policy],
-                     "clipfrac": counted[policy][0] / max(counted[policy][1], 1.0), "tokens": counted[policy][1],
-                     "rows": len(plan[policy][k].turns)})
+                record_minibatch(result, role_loss, policy, losses[policy], norms[policy], *counted[policy],
+                                 rows=len(plan[policy][k].turns))
                 if not math.isfinite(norms[policy]):
                     optimizer.zero_grad(set_to_none=True)
-                    if policy not in result.skipped:
-                        result.skipped.append(policy)
+                    record_step(result, policy, None)
                     continue
                 with torch.no_grad():
                     torch._foreach_mul_([p.grad for p in params if p.grad is not None], factors[policy])
@@ -192,29 +188,13 @@ class LocalEngine:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 with torch.no_grad():
-                    moved = math.sqrt(sum(float((p - b).pow(2).sum()) for p, b in zip(params, before)))
-                result.policy_update_norm[policy] = result.policy_update_norm.get(policy, 0.0) + moved
-                result.optimizer_steps[policy] = result.optimizer_steps.get(policy, 0) + 1
+                    record_step(result, policy, math.sqrt(sum(float((p - b).pow(2).sum()) for p, b in zip(params, before))))
+        finish_update(result, {p: plan[p] for p in policies}, role_loss, stats)
         for policy in policies:
-            steps = plan[policy]
-            finite = [m["grad_norm"] for m in result.minibatches[policy] if math.isfinite(m["grad_norm"])]
-            result.policy_grad_norm[policy] = result.minibatches[policy][0]["grad_norm"]
-            result.grad_norm_mean[policy] = sum(finite) / len(finite) if finite else float("nan")
-            result.loss += sum(m["loss"] for m in result.minibatches[policy]) / len(steps)
-            result.optimizer_steps.setdefault(policy, 0)  # every step skipped: no update norm either
             with torch.no_grad():
                 result.policy_param_norm[policy] = math.sqrt(sum(float(p.pow(2).sum()) for p in self.params[policy]))
             result.drift[policy] = self._distance(policy)
             result.drift_rate[policy] = result.drift[policy] - drift_before[policy]
-        n_steps = {p: len(plan[p]) for p in policies}
-        for (policy, role), value in role_loss.items():
-            result.role_loss[role] = result.role_loss.get(role, 0.0) + value / n_steps[policy]
-        tokens = stats["tokens"]
-        result.entropy = {r: stats["entropy"][r] / tokens[r] for r in tokens if tokens[r]}
-        result.clipfrac = {r: stats["clipped"][r] / tokens[r] for r in tokens if tokens[r]}
-        result.ratio = {r: stats["ratio"][r] / tokens[r] for r in tokens if tokens[r]}
-        if stats["kl"]:
-            result.kl = {r: stats["kl"][r] / tokens[r] for r in tokens if tokens[r]}
         return result
 
     # ---------------------------------------------------------------- checkpoints

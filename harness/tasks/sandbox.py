@@ -317,3 +317,6 @@ def _stop(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     proc.wait()
+
+
+__all__ = ["JailUnavailable", "ProgramError", "RunResult", "Sandbox", "SandboxLimits", "decode", "encode"]

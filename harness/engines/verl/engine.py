@@ -27,7 +27,8 @@ import torch
 
 from harness.algo.loss import ClipConfig
 from harness.engines.adapters import export_initial_adapters
-from harness.engines.base import UpdateResult, clip_coefficients, update_plan
+from harness.engines.base import (UpdateResult, clip_coefficients, finish_update, record_minibatch, record_step,
+                                  update_plan)
 from harness.engines.sampling import generate_grouped
 from harness.engines.verl.rollout import launch_replica, resolve_backend, rollout_config, run_sync
 from harness.engines.verl.rollout import sample as rollout_sample
@@ -211,41 +212,20 @@ class VerlEngine:
                 out, stepped = rounds[policy], ray.get(steps[policy])[0]
                 if probe is not None:
                     probe.add(policy, PolicyGradients([tuple(s) for s in out["slots"]], out["gram"].double()))
-                for role, value in out["loss"].items():
-                    role_loss[(policy, role)] += value
-                finite = math.isfinite(stepped["grad_norm"])
-                result.minibatches.setdefault(policy, []).append(
-                    {"loss": sum(out["loss"].values()), "grad_norm": norms[policy] if finite else stepped["grad_norm"],
-                     "clipfrac": out["clipfrac"], "tokens": out["tokens"], "rows": len(plan[policy][k].turns)})
-                if not finite:  # verl's optimizer_step skipped it
-                    if policy not in result.skipped:
-                        result.skipped.append(policy)
-                    continue
-                result.policy_update_norm[policy] = result.policy_update_norm.get(policy, 0.0) + stepped["update_norm"]
-                result.optimizer_steps[policy] = result.optimizer_steps.get(policy, 0) + 1
-        role_sums: Dict[str, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
+                finite = math.isfinite(stepped["grad_norm"])  # verl's optimizer_step skips a non-finite step
+                record_minibatch(result, role_loss, policy, out["loss"], norms[policy] if finite else stepped["grad_norm"],
+                                 out["clipped"], out["tokens"], rows=len(plan[policy][k].turns))
+                record_step(result, policy, stepped["update_norm"] if finite else None)
         ends = {p: self.groups[p].end_update() for p in policies}
+        sums: Dict[str, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
         for policy in policies:
             end = ray.get(ends[policy])[0]
             for kind, values in end["stats"].items():
                 for role, value in values.items():
-                    role_sums[kind][role] += value
-            batches = result.minibatches[policy]
-            finite = [m["grad_norm"] for m in batches if math.isfinite(m["grad_norm"])]
-            result.policy_grad_norm[policy] = batches[0]["grad_norm"]
-            result.grad_norm_mean[policy] = sum(finite) / len(finite) if finite else float("nan")
-            result.loss += sum(m["loss"] for m in batches) / len(batches)
-            result.optimizer_steps.setdefault(policy, 0)
+                    sums[kind][role] += value
             result.policy_param_norm[policy] = end["param_norm"]
             result.drift[policy], result.drift_rate[policy] = end["drift"], end["drift_rate"]
-        for (policy, role), value in role_loss.items():
-            result.role_loss[role] = result.role_loss.get(role, 0.0) + value / len(plan[policy])
-        tokens = role_sums["tokens"]
-        result.entropy = {r: role_sums["entropy"][r] / tokens[r] for r in tokens if tokens[r]}
-        result.clipfrac = {r: role_sums["clipped"][r] / tokens[r] for r in tokens if tokens[r]}
-        result.ratio = {r: role_sums["ratio"][r] / tokens[r] for r in tokens if tokens[r]}
-        if want_kl:
-            result.kl = {r: role_sums["kl"][r] / tokens[r] for r in tokens if tokens[r]}
+        finish_update(result, {p: plan[p] for p in policies}, role_loss, sums)
         self._sync_rollouts()
         return result
 

@@ -168,7 +168,7 @@ class PolicyWorker(TrainingWorker):
                                                         for k, c in zip(("clipped", "tokens"), counts)]
         reduced = self._all_sum(torch.tensor(sums, dtype=torch.float64)).tolist()
         return {"slots": [s for s, _ in prepared], "gram": gram.cpu(), "loss": dict(zip(roles, reduced)),
-                "clipfrac": reduced[-2] / max(reduced[-1], 1.0), "tokens": reduced[-1]}
+                "clipped": reduced[-2], "tokens": reduced[-1]}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def step_round(self, factor: float) -> dict:

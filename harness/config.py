@@ -248,6 +248,7 @@ class CellConfig:
     val_samples: int = 4  # sampled episodes per validation problem (at algo.temperature); accuracy +- its SE
     val_greedy: bool = False  # true: one greedy episode per problem instead
     ckpt_every: int = 10
+    ckpt_keep: int = 2  # step checkpoints kept (a damaged newest one falls back to the one before), plus best/
     samples_every: int = 20
     progress: bool = True
     report: bool = True  # write <run>/report/ (HTML + Markdown) when the run ends
@@ -321,6 +322,7 @@ def validate(cfg: CellConfig) -> None:
         "workflow.max_new_tokens": cfg.workflow.max_new_tokens,
         "val_every": cfg.val_every,
         "ckpt_every": cfg.ckpt_every,
+        "ckpt_keep": cfg.ckpt_keep,
         "model.lora_rank": cfg.model.lora_rank,
     }
     for name, value in positive.items():

@@ -105,26 +105,43 @@ class RunDir:
 
     # ------------------------------------------------------------------ checkpoints
     def latest_checkpoint(self) -> Optional[Path]:
-        pointer = self.checkpoints / "latest.json"
-        if not pointer.is_file():
-            return None
-        target = self.checkpoints / json.loads(pointer.read_text())["dir"]
-        return target if target.is_dir() else None
+        """The directory latest.json names, if it exists (unverified: resuming goes through
+        `resume_point`)."""
+        target = self.pointer_target()
+        return self.checkpoints / target if target and (self.checkpoints / target).is_dir() else None
 
-    def save_checkpoint(self, step: int, write) -> Path:
-        """`write(dir)` fills a fresh directory; the pointer flips only once it is complete."""
+    def pointer_target(self) -> Optional[str]:
+        try:
+            return str(json.loads((self.checkpoints / "latest.json").read_text())["dir"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            return "latest.json (unreadable)"
+
+    def resume_point(self):
+        """The newest checkpoint whose files match its manifest (harness/checkpoints.py)."""
+        from harness.checkpoints import find_resume_point
+
+        return find_resume_point(self.checkpoints, self.pointer_target())
+
+    def save_checkpoint(self, step: int, write, keep: int = 2) -> Path:
+        """`write(dir)` fills a fresh directory, a checksum manifest seals it, and only then does the
+        pointer flip; the newest `keep` step checkpoints stay."""
+        from harness.checkpoints import step_of, write_manifest
+
         name = f"step_{step:07d}"
         tmp = self.checkpoints / f".tmp_{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         write(tmp)
+        write_manifest(tmp)
         final = self.checkpoints / name
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         write_atomic(self.checkpoints / "latest.json", json.dumps({"dir": name, "step": step}))
-        for old in self.checkpoints.glob("step_*"):
-            if old.name != name:
-                shutil.rmtree(old, ignore_errors=True)
+        steps = sorted((p for p in self.checkpoints.glob("step_*") if p.is_dir()), key=step_of, reverse=True)
+        for old in steps[max(keep, 1):]:
+            shutil.rmtree(old, ignore_errors=True)
         return final
 
     def save_best(self, source: Path) -> None:

@@ -24,7 +24,7 @@ from harness.logging import RunDir, write_atomic
 EXIT_BAD_INPUT = 2
 EXIT_LOCKED = 3
 # keys that may differ between the stored and the requested config of the same run dir
-RESUMABLE_KEYS = ("steps", "progress", "root")
+RESUMABLE_KEYS = ("steps", "progress", "root", "ckpt_keep")
 
 
 def load_config(overrides: Sequence[str]) -> CellConfig:
@@ -115,6 +115,15 @@ def run_cell(cfg: CellConfig, log=print) -> str:
         log(f"cell {cfg.cell_id} already {status['state']} at step {status['step']} ({run_dir.path}); nothing to do")
         return status["state"]
 
+    from harness.checkpoints import CheckpointError
+
+    try:  # before anything is built or written: damaged state is never trained on
+        resume = run_dir.resume_point()
+    except CheckpointError as exc:
+        raise ConfigError(str(exc)) from None
+    for skipped in resume.skipped:
+        log(f"warning: checkpoint {skipped}; falling back to "
+            f"{resume.checkpoint.name if resume.checkpoint else 'step 0'}")
     task = build_task(cfg)
     workflow = build_workflow(cfg, task)
     policy_map = PolicyMap.from_config(cfg, workflow.role_instances())
@@ -133,13 +142,17 @@ def run_cell(cfg: CellConfig, log=print) -> str:
     engine = build_engine(cfg, model_dir, policy_map.policies, run_dir.path / "engine")
     controller = Controller(cfg, task, workflow, policy_map, engine)
     start, best = 0, -1.0
-    checkpoint = run_dir.latest_checkpoint()
+    checkpoint = resume.checkpoint
     if checkpoint is not None:
         engine.load(checkpoint)
         state = OmegaConf.to_container(OmegaConf.load(checkpoint / "trainer.yaml"))
         start, best = int(state["step"]), float(state["best_val"])
         log(f"resuming {cfg.cell_id} from step {start}")
     run_dir.truncate_from(start)
+    for skipped in resume.skipped:  # after the truncation, so the record survives it
+        run_dir.append("alerts.jsonl", {"step": start, "kind": "checkpoint", "role": None, "policy": None,
+                                        "value": None, "threshold": None, "action": "log",
+                                        "message": f"damaged checkpoint skipped ({skipped}); resumed from step {start}"})
     role_policies = {role.name: sorted({policy_map.policy_of(role.name, i) for i in range(role.instances)})
                      for role in workflow.roles()}
     monitor = Monitor(cfg.monitors, role_policies)
@@ -165,7 +178,7 @@ def run_cell(cfg: CellConfig, log=print) -> str:
         def write(directory: Path) -> None:
             engine.save(directory)
             (directory / "trainer.yaml").write_text(OmegaConf.to_yaml({"step": step, "best_val": best_val}))
-        return run_dir.save_checkpoint(step, write)
+        return run_dir.save_checkpoint(step, write, keep=cfg.ckpt_keep)
 
     bar = _progress(cfg, start)
     state, reason, step = "finished", None, start - 1

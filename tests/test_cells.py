@@ -47,4 +47,4 @@ def test_cell_runs_and_writes_the_contract(tmp_path, warm_model_dir, topology, s
     assert {s["step"] for s in samples} == {0, 2}
     assert {t["role"] for s in samples for t in s["turns"]} <= set(ROLES[topology])
     assert run.latest_checkpoint().name == "step_0000003"
-    assert (run.checkpoints / "best" / "engine.pt").is_file()
+    assert (run.checkpoints / "best" / "engine.safetensors").is_file() and (run.checkpoints / "best" / "manifest.json").is_file()

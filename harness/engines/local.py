@@ -7,6 +7,7 @@ instance's micro-batches.
 """
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -210,7 +211,40 @@ class LocalEngine:
                 self.optimizers[policy].load_state_dict(state["optimizers"][policy])
 
     def save(self, path: Path) -> None:
-        torch.save(self.state_dict(), Path(path) / "engine.pt")
+        """Tensors in safetensors (no pickle), the optimizers' plain settings in JSON."""
+        from safetensors.torch import save_file
+
+        tensors, settings = {}, {}
+        for policy in self.policies:
+            for i, t in enumerate(self.params[policy]):
+                tensors[f"param/{policy}/{i}"] = t.detach().contiguous()
+            state = self.optimizers[policy].state_dict()
+            per_param = {}
+            for index, values in state["state"].items():
+                for key, value in values.items():
+                    if torch.is_tensor(value):
+                        tensors[f"optim/{policy}/{index}/{key}"] = value.detach().contiguous()
+                    else:
+                        per_param.setdefault(str(index), {})[key] = value
+            settings[policy] = {"param_groups": state["param_groups"], "plain_state": per_param,
+                                "indices": [int(i) for i in state["state"]]}
+        save_file(tensors, str(Path(path) / "engine.safetensors"))
+        (Path(path) / "optimizers.json").write_text(json.dumps(settings))
 
     def load(self, path: Path) -> None:
-        self.load_state_dict(torch.load(Path(path) / "engine.pt", weights_only=False))
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(Path(path) / "engine.safetensors"))
+        settings = json.loads((Path(path) / "optimizers.json").read_text())
+        params = {p: [tensors[f"param/{p}/{i}"] for i in range(len(self.params[p]))] for p in self.policies}
+        optimizers = {}
+        for policy in self.policies:
+            entry = settings[policy]
+            state = {}
+            for index in entry["indices"]:
+                values = dict(entry["plain_state"].get(str(index), {}))
+                prefix = f"optim/{policy}/{index}/"
+                values.update({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+                state[index] = values
+            optimizers[policy] = {"state": state, "param_groups": entry["param_groups"]}
+        self.load_state_dict({"params": params, "optimizers": optimizers})

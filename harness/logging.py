@@ -19,6 +19,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 LOG_FILES = ("metrics.jsonl", "alerts.jsonl", "samples.jsonl")
 STATES = ("running", "finished", "stopped_early", "failed", "diverged")
+STATUS_BYTES = 4096  # status.json is padded to this: a failure's status can be written in place on a full disk
+STATUS_ESSENTIAL = ("state", "step", "cell_id", "reason", "failure_log", "updated")
 
 
 def _clean(value: Any) -> Any:
@@ -98,10 +100,18 @@ class RunDir:
             return None
 
     def write_status(self, state: str, **fields: Any) -> None:
+        """Atomically (a new file renamed over the old); on a full disk, in place over the old
+        file's blocks, which every status write pads to STATUS_BYTES so that a failure's status
+        fits where the last one was."""
         assert state in STATES, state
         status = self.read_status() or {}
         status.update(fields, state=state, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        write_atomic(self.file("status.json"), json.dumps(_clean(status), indent=2))
+        text = json.dumps(_clean(status), indent=2)
+        text += " " * max(0, STATUS_BYTES - len(text.encode()) - 1) + "\n"
+        try:
+            write_atomic(self.file("status.json"), text)
+        except OSError:
+            _rewrite_in_place(self.file("status.json"), json.dumps(_clean({k: status.get(k) for k in STATUS_ESSENTIAL})))
 
     # ------------------------------------------------------------------ checkpoints
     def latest_checkpoint(self) -> Optional[Path]:
@@ -150,6 +160,18 @@ class RunDir:
         shutil.copytree(source, tmp)
         shutil.rmtree(self.checkpoints / "best", ignore_errors=True)
         os.replace(tmp, self.checkpoints / "best")
+
+
+def _rewrite_in_place(path: Path, text: str) -> None:
+    """Overwrite an existing file within its current size (no new blocks: works on a full disk)."""
+    data = text.encode()
+    size = path.stat().st_size
+    if len(data) + 1 > size:
+        raise OSError(f"{path}: {len(data)} bytes do not fit in place ({size})")
+    with open(path, "r+b") as handle:
+        handle.write(data + b" " * (size - len(data) - 1) + b"\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 # ---------------------------------------------------------------------- wandb

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import shutil
 import sys
 import time
 import traceback
@@ -87,8 +88,45 @@ def _config_mismatch(stored: dict, requested: dict) -> List[str]:
     return sorted(k for k in keys if stored.get(k) != requested.get(k))
 
 
+class CellFailed(RuntimeError):
+    """The cell failed after its config was accepted; status.json says so, with this one-line reason."""
+
+
 def run_cell(cfg: CellConfig, log=print) -> str:
-    """Train (or resume) the cell; returns its final state. Raises on failure after recording it."""
+    """Train (or resume) the cell; returns its final state. Every failure after the config was
+    accepted (task loading, the run directory, checkpoints, training, reports) takes one path:
+    status.json says `failed` with a one-line reason, the traceback goes to <run>/failure.log,
+    and CellFailed carries the reason (ConfigError stays a user mistake: nothing is written)."""
+    run_dir = run_dir_of(cfg)
+    try:
+        return _run_cell(cfg, run_dir, log)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        reason = failure_reason(exc)
+        where = run_dir.file("failure.log")
+        try:
+            where.write_text(traceback.format_exc())
+        except OSError:
+            where = None  # a full disk: the reason in status.json still gets through (written in place)
+        if run_dir.path.is_dir():
+            run_dir.write_status("failed", reason=reason, failure_log=str(where) if where else None)
+        raise CellFailed(reason + (f" (traceback: {where})" if where else "")) from exc
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line, the cause first: an OS error's message (and file), the first error of a tree copy."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        _, target, why = exc.args[0][0]
+        text = f"OSError: {why} (writing {target})"
+    elif isinstance(exc, OSError) and exc.strerror:
+        text = f"{type(exc).__name__}: [Errno {exc.errno}] {exc.strerror}" + (f" ({exc.filename})" if exc.filename else "")
+    else:
+        text = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+    return text[:300]
+
+
+def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     import torch
 
     from harness.controller import Controller, sample_records
@@ -100,7 +138,6 @@ def run_cell(cfg: CellConfig, log=print) -> str:
     from harness.tasks import build_task
     from harness.workflows import build_workflow
 
-    run_dir = run_dir_of(cfg)
     requested = OmegaConf.to_container(OmegaConf.structured(cfg))
     status = run_dir.read_status()
     if run_dir.file("cell.yaml").is_file():
@@ -209,11 +246,10 @@ def run_cell(cfg: CellConfig, log=print) -> str:
             if reason:
                 state = "stopped_early"
                 break
-    except Exception as exc:
-        run_dir.write_status("failed", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-4000:])
+    except Exception:
         if sink is not None:
             sink.finish("failed")
-        raise
+        raise  # recorded by run_cell's one failure path
     except BaseException:  # interrupted (SLURM requeue/timeout exit, Ctrl-C): not a failure, resumable
         run_dir.write_status("running", reason="interrupted; resumes from the last checkpoint")
         raise
@@ -281,6 +317,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except CellFailed as exc:
+        print(f"error: cell failed: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

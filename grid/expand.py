@@ -94,6 +94,9 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
     for name in ("topology", "sharing", "scale", "task"):
         for value in axes[name]:
             _axis_overrides(name, value)  # unknown values fail before anything else happens
+    bad_seeds = [s for s in axes["seed"] if isinstance(s, bool) or not str(s).lstrip("-").isdigit() or int(s) < 0]
+    if bad_seeds:
+        raise GridError(f"sweep.axes.seed must be non-negative integers, got {', '.join(map(str, bad_seeds))}")
     extra_axes: Dict[str, Dict[str, Any]] = (OmegaConf.to_container(sweep.extra_axes)
                                              if sweep.get("extra_axes") is not None else {})
     base = OmegaConf.to_container(sweep.cell) if sweep.get("cell") is not None else {}

@@ -6,6 +6,8 @@ touches the disk, so a bad override never leaves a half-written run directory be
 """
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -284,6 +286,49 @@ def _choose(kind: str, value: str, choices) -> None:
         raise ConfigError(f"unknown {kind} '{value}'; valid choices: {', '.join(choices)}")
 
 
+def _check_numbers(cfg: CellConfig) -> None:
+    """Every numeric knob finite and in its range (NaN and inf fail every comparison below)."""
+    positive = {"algo.lr": cfg.algo.lr, "algo.max_grad_norm": cfg.algo.max_grad_norm,
+                "algo.temperature": cfg.algo.temperature, "sandbox.wall_s": cfg.sandbox.wall_s,
+                "model.lora_alpha": cfg.model.lora_alpha}
+    non_negative = {"algo.kl_coef": cfg.algo.kl_coef, "algo.weight_decay": cfg.algo.weight_decay, "seed": cfg.seed,
+                    **{f"reward.{t}": getattr(cfg.reward, t) for t in ("node", "turn", "traj", "length")}}
+    for name, value in positive.items():
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+    for name, value in non_negative.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+    for role, weights in cfg.reward.per_role.items():
+        for term, value in weights.items():
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"reward.per_role.{role}.{term} must be a finite number, got {value}")
+
+
+def _check_root(root: str) -> None:
+    """The run directory's root must be creatable and writable (checked without creating it)."""
+    path = Path(root).expanduser().absolute()
+    existing = next((p for p in [path, *path.parents] if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"root={root} cannot be written ({existing} is not a writable directory)")
+
+
+def _check_budgets(cfg: CellConfig, model_path: Optional[Path]) -> None:
+    """Token budgets must leave room for a prompt within the model's positions."""
+    import json
+
+    from harness.models import TINY_POSITIONS, is_tiny
+
+    positions = TINY_POSITIONS if is_tiny(cfg.scale) else None
+    if positions is None and model_path is not None and (Path(model_path) / "config.json").is_file():
+        positions = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings")
+    budgets = {"workflow.max_new_tokens": cfg.workflow.max_new_tokens,
+               **{f"workflow.role_max_new_tokens.{r}": v for r, v in cfg.workflow.role_max_new_tokens.items()}}
+    for name, value in budgets.items():
+        if value < 1 or (positions and value >= positions):
+            raise ConfigError(f"{name}={value} must be >= 1 and below the model's {positions} positions")
+
+
 def validate(cfg: CellConfig) -> None:
     """Raise ConfigError for anything that would fail later; touches nothing on disk but model paths."""
     from harness.models import SCALES, resolve_model_path
@@ -330,8 +375,7 @@ def validate(cfg: CellConfig) -> None:
             raise ConfigError(f"{name} must be >= 1, got {value}")
     if cfg.algo.group_size < 2:
         raise ConfigError("algo.group_size must be >= 2: GRPO normalises rewards within a group")
-    if not cfg.algo.lr > 0:  # NaN too
-        raise ConfigError(f"algo.lr must be > 0, got {cfg.algo.lr}")
+    _check_numbers(cfg)
     _choose("learning-rate schedule (algo.lr_schedule)", cfg.algo.lr_schedule, LR_SCHEDULES)
     _choose("gradient clipping scope (algo.clip_scope)", cfg.algo.clip_scope, CLIP_SCOPES)
     _choose("advantage grouping (algo.adv_grouping)", cfg.algo.adv_grouping, ADV_GROUPINGS)
@@ -368,11 +412,17 @@ def validate(cfg: CellConfig) -> None:
     if is_tiny(cfg.scale) and cfg.task not in WARMUP_TASKS:
         raise ConfigError(f"scale {cfg.scale} is a tiny model warmed up on its task; task {cfg.task} has no warm-up: "
                           f"use task {' or '.join(WARMUP_TASKS)}, or a qwen3-* scale")
-    if cfg.data.path and not Path(cfg.data.path).expanduser().is_file():
-        raise ConfigError(f"data.path {cfg.data.path} does not exist")
+    if cfg.data.path:
+        data = Path(cfg.data.path).expanduser()
+        if not data.is_file():
+            raise ConfigError(f"data.path {cfg.data.path} does not exist")
+        if not os.access(data, os.R_OK) or data.stat().st_size == 0:
+            raise ConfigError(f"data.path {cfg.data.path} is {'empty' if os.access(data, os.R_OK) else 'not readable'}")
+    _check_root(cfg.root)
     if cfg.task in NEEDS_PATH and not cfg.data.path:
         raise ConfigError(f"task {cfg.task} needs data.path=/path/to/problems.jsonl")
-    resolve_model_path(cfg)  # raises ConfigError for a missing checkpoint dir
+    model_path = resolve_model_path(cfg)  # raises ConfigError for a missing checkpoint dir
+    _check_budgets(cfg, model_path)
     # the workflow checks its own roles against sharing groups and prompt overrides
     from harness.workflows import build_workflow
     from harness.sharing import PolicyMap

@@ -20,6 +20,7 @@ from typing import Dict, Iterable, Optional, Tuple
 
 from harness.config import CellConfig, ConfigError
 
+TINY_POSITIONS = 512  # max_position_embeddings of the tiny models
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -127,7 +128,7 @@ def build_tiny_model(size: TinySize, tokenizer, seed: int):
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=size.hidden, intermediate_size=size.ffn,
         num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
-        head_dim=size.hidden // size.heads, max_position_embeddings=512, tie_word_embeddings=True,
+        head_dim=size.hidden // size.heads, max_position_embeddings=TINY_POSITIONS, tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
     )

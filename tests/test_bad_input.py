@@ -33,6 +33,18 @@ CASES = [
     (["engine=verl", "verl.device=cpu", "verl.rollout=vllm"], "verl.rollout=vllm needs a GPU"),
     (["engine=verl", "verl.gpus_per_policy=2", "verl.rollout_tp=4"], "verl.rollout_tp=4 must divide"),
     (["engine=verl", "sharing=sp", "sharing_cfg.full_finetune=true"], "engine=verl trains LoRA adapters"),
+    (["algo.lr=nan"], "algo.lr must be a finite number > 0, got nan"),
+    (["algo.lr=inf"], "algo.lr must be a finite number > 0, got inf"),
+    (["algo.kl_coef=-0.1"], "algo.kl_coef must be a finite number >= 0"),
+    (["algo.temperature=0"], "algo.temperature must be a finite number > 0"),
+    (["algo.clip_ratio_high=nan"], "algo.clip_ratio_high must be > 0"),
+    (["algo.lr_schedule=linear"], "(algo.lr_schedule) 'linear'; valid choices: constant, cosine"),
+    (["algo.clip_scope=global"], "valid choices: policy, cell"),
+    (["algo.adv_grouping=slot"], "valid choices: episode, turn"),
+    (["algo.ppo_mini_batch_size=0"], "algo.ppo_mini_batch_size must be >= 1"),
+    (["workflow.max_new_tokens=100000"], "workflow.max_new_tokens=100000 must be >= 1 and below the model's 512 positions"),
+    (["+workflow.role_max_new_tokens={aggregator:4096}"], "workflow.role_max_new_tokens.aggregator=4096"),
+    (["+reward.per_role.aggregator.length=nan"], "reward.per_role.aggregator.length must be a finite number"),
 ]
 
 
@@ -53,3 +65,21 @@ def test_bad_input_from_the_command_line(tmp_path):
     assert proc.returncode == EXIT_BAD_INPUT
     assert proc.stderr.strip().splitlines()[-1].startswith("error: unknown topology 'star'")
     assert "Traceback" not in proc.stderr and not root.exists()
+
+
+def test_unusable_data_and_root_are_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MARL_MODEL_ROOT", raising=False)
+    model = tmp_path / "Qwen3-0.6B"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 40960}')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    root = tmp_path / "runs"
+    for overrides, message in [
+        (["task=gsm8k", "scale=qwen3-0.6b", f"model.path={model}", f"data.path={empty}"], "is empty"),
+        ([f"root={empty}/runs"], "cannot be written"),
+    ]:
+        assert main([f"root={root}", *overrides]) == EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err, err
+        assert not root.exists()

@@ -71,6 +71,8 @@ def test_dry_run_prints_42_cells_with_gpu_resources():
     (["sweep=smoke", "sweep.axes.task=[chess]"], "unknown task 'chess' in the sweep; valid choices: arith, code, math"),
     (["sweep=smoke", "action=restart"], "unknown action 'restart'; valid choices: launch, status"),
     (["sweep=smoke", "sweep.cell.steps=many"], "cell single-math-tiny-m-s0: bad cell config"),
+    (["sweep=smoke", "sweep.axes.seed=[abc]"], "sweep.axes.seed must be non-negative integers, got abc"),
+    (["sweep=smoke", "+sweep.cell.algo.lr=nan"], "algo.lr must be a finite number > 0, got nan"),
     (["sweep=smoke", "sweep.axes.scale=[qwen3-0.6b]", "sweep.axes.task=[arith]"], "needs a local checkpoint"),
 ])
 def test_bad_input_submits_nothing(tmp_path, capsys, monkeypatch, overrides, message):

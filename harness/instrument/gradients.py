@@ -27,10 +27,11 @@ def gradient_metrics(probe: GradientProbe) -> Dict[str, float]:
     """The first optimizer step's statistics under their plain keys, and each statistic's mean over
     all optimizer steps of the training step under `<key>_mb_mean` (a key absent from a round,
     e.g. a policy with fewer mini-batches, is averaged over the rounds that have it)."""
-    metrics = round_metrics(probe.round(0))
+    rounds = [round_metrics(probe.round(k)) for k in range(probe.n_rounds)]
+    metrics = dict(rounds[0]) if rounds else round_metrics({})
     every: Dict[str, list] = defaultdict(list)
-    for k in range(probe.n_rounds):
-        for key, value in round_metrics(probe.round(k)).items():
+    for values in rounds:
+        for key, value in values.items():
             every[key].append(value)
     metrics.update({f"{key}{MEAN_SUFFIX}": sum(values) / len(values) for key, values in every.items()})
     return metrics

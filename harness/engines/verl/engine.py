@@ -204,9 +204,9 @@ class VerlEngine:
             pending = {p: self.groups[p].backward_round(k) for p in active}
             rounds = {p: ray.get(refs)[0] for p, refs in pending.items()}
             norms = {p: math.sqrt(max(float(out["gram"].sum()), 0.0)) for p, out in rounds.items()}
-            factors = clip_coefficients(norms, algo.max_grad_norm, algo.clip_scope)
-            if algo.clip_scope == "policy":
-                factors = {p: 1.0 for p in active}  # verl's optimizer_step clips each policy itself
+            # scope policy: verl's optimizer_step clips each policy itself; cell: one norm, scaled here
+            factors = (clip_coefficients(norms, algo.max_grad_norm, "cell") if algo.clip_scope == "cell"
+                       else {p: 1.0 for p in active})
             steps = {p: self.groups[p].step_round(factors[p]) for p in active}
             for policy in active:
                 out, stepped = rounds[policy], ray.get(steps[policy])[0]

@@ -114,10 +114,14 @@ class PolicyWorker(TrainingWorker):
             output = self.engine.infer_batch(probe, loss_function=None)
         return no_padding_2_padding(output["model_output"]["log_probs"], probe).float().cpu()
 
+    def _global_norm(self, squares: float) -> float:
+        """sqrt of a sum of squares taken over every rank's shards."""
+        return float(self._all_sum(torch.tensor([squares], dtype=torch.float64))[0]) ** 0.5
+
     def _distance(self, params) -> float:
         """‖θ - θ_0‖ over all ranks' shards."""
-        local = sum(float((_local(p).detach().double() - p0).pow(2).sum()) for p, p0 in zip(params, self._initial))
-        return float(self._all_sum(torch.tensor([local], dtype=torch.float64))[0]) ** 0.5
+        return self._global_norm(sum(float((_local(p).detach().double() - p0).pow(2).sum())
+                                     for p, p0 in zip(params, self._initial)))
 
     # ------------------------------------------------------------------ remote calls: one update in rounds
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -183,8 +187,7 @@ class PolicyWorker(TrainingWorker):
                             p.grad.mul_(factor)
             before = [_local(p).detach().clone() for p in params]
             grad_norm = float(self.engine.optimizer_step())
-        moved = sum(float((_local(p) - b).double().pow(2).sum()) for p, b in zip(params, before))
-        moved = float(self._all_sum(torch.tensor([moved], dtype=torch.float64))[0]) ** 0.5
+        moved = self._global_norm(sum(float((_local(p) - b).double().pow(2).sum()) for p, b in zip(params, before)))
         return {"grad_norm": grad_norm, "update_norm": moved}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
@@ -193,8 +196,7 @@ class PolicyWorker(TrainingWorker):
         update's numbers, reduced across ranks."""
         self.engine.lr_scheduler_step()
         params = self._trainable()
-        param_sq = float(self._all_sum(torch.tensor([sum(float(_local(p).double().pow(2).sum()) for p in params)],
-                                                    dtype=torch.float64))[0])
+        param_norm = self._global_norm(sum(float(_local(p).double().pow(2).sum()) for p in params))
         drift = self._distance(params)
         stats = {}
         for kind, values in self._stats.items():
@@ -202,7 +204,7 @@ class PolicyWorker(TrainingWorker):
             reduced = self._all_sum(torch.tensor([values[r] for r in roles], dtype=torch.float64)).tolist()
             stats[kind] = dict(zip(roles, reduced))
         self._minibatches = []
-        return {"param_norm": param_sq ** 0.5, "drift": drift, "drift_rate": drift - self._drift_before, "stats": stats}
+        return {"param_norm": param_norm, "drift": drift, "drift_rate": drift - self._drift_before, "stats": stats}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_rollout(self, rollout_config, replica_rank: int) -> None:

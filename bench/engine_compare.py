@@ -21,7 +21,7 @@ from harness.controller import Controller
 from harness.engines.verl.engine import VerlEngine
 from harness.instrument.gradients import gradient_metrics
 from harness.instrument.probe import GradientProbe
-from harness.models import prepare_model
+from harness.warmup import prepare_model
 from harness.rewards import assign_rewards
 
 

@@ -19,9 +19,9 @@ from harness.algo.grpo import assign_advantages
 from harness.controller import Controller
 from harness.engines.local import LocalEngine
 from harness.instrument.probe import GradientProbe
-from harness.models import prepare_model
+from harness.warmup import prepare_model
 from harness.rewards import assign_rewards
-from harness.run import load_config
+from harness.validation import load_config
 from harness.sharing import PolicyMap
 from harness.tasks import build_task
 from harness.workflows import build_workflow

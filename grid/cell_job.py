@@ -8,7 +8,8 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    from harness.run import config_from_dict, run_cell
+    from harness.run import run_cell
+    from harness.validation import config_from_dict
 
     overrides = json.loads(Path((argv or sys.argv[1:])[0]).read_text())
     state = run_cell(config_from_dict(overrides))

@@ -160,7 +160,7 @@ def check_cells(cells: List[Cell], strict: bool) -> None:
     """Validate every cell's config as harness.run would. strict: raise on the first problem
     (launch); otherwise record problems in cell.notes (dry run)."""
     from harness.config import ConfigError
-    from harness.run import config_from_dict
+    from harness.validation import config_from_dict
 
     for cell in cells:
         try:

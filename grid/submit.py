@@ -31,7 +31,8 @@ class CellJob(submitit.helpers.Checkpointable):
     def __call__(self, overrides: Dict) -> str:
         os.environ.pop("WANDB_SERVICE", None)  # the job owns its wandb service
         os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("SLURM_CPUS_PER_TASK", "1"))
-        from harness.run import config_from_dict, run_cell
+        from harness.run import run_cell
+        from harness.validation import config_from_dict
 
         cfg = config_from_dict(overrides)
         path = Path(cfg.root) / cfg.sweep / cfg.cell_id

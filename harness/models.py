@@ -3,18 +3,12 @@
 Both end up as one directory loaded with `AutoModelForCausalLM/AutoTokenizer.from_pretrained`,
 so the engines never know which they got. Tiny models get a byte-level BPE tokenizer trained
 locally with Qwen's special tokens and chat template, and a supervised warm-up on every role's
-output contract (see harness/warmup.py); the warm checkpoint is cached on disk keyed by
-everything that shapes it, so cells and tests share it. Nothing is downloaded, ever.
+output contract (harness/warmup.py, which also caches the warm checkpoint). Nothing is downloaded, ever.
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
 import os
-import shutil
-import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, Optional, Tuple
 
@@ -134,63 +128,3 @@ def build_tiny_model(size: TinySize, tokenizer, seed: int):
     )
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(config)
-
-
-def warmup_steps(cfg: CellConfig, size: TinySize, task) -> int:
-    """model.warmup_steps, else the scale's length times the task's share: a warm-up must leave
-    RL room to improve (code-synth at tiny-m: 1400 steps -> 0.89 accuracy and flat RL; 700 -> ~0.5
-    and a rising reward)."""
-    return cfg.model.warmup_steps or max(1, round(size.warmup_steps * getattr(task, "warmup_share", 1.0)))
-
-
-def warm_key(cfg: CellConfig, task) -> str:
-    """Everything that shapes the warm checkpoint; the cell's seed is not in it (paired seeds
-    share one base model, as in the seed study)."""
-    from harness.warmup import WARMUP_VERSION
-    from harness.workflows.prompts import resolve_prompts
-
-    size = SCALES[cfg.scale]
-    steps = warmup_steps(cfg, size, task)
-    shape = {k: v for k, v in asdict(size).items() if k != "warmup_steps"}  # steps is keyed on its own
-    payload = {"size": shape, "steps": steps, "task": task.name, "task_cfg": _task_fingerprint(cfg),
-               "prompts": resolve_prompts(dict(cfg.workflow.prompts)), "version": WARMUP_VERSION}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _task_fingerprint(cfg: CellConfig) -> dict:
-    from omegaconf import OmegaConf
-
-    from harness.tasks import WARMUP_TASKS
-
-    node = getattr(cfg, WARMUP_TASKS.get(cfg.task, ""), None)
-    return OmegaConf.to_container(OmegaConf.structured(node)) if node is not None else {}
-
-
-def prepare_model(cfg: CellConfig, task, log=print) -> Path:
-    """The directory to load the cell's base model and tokenizer from (built and warmed if tiny)."""
-    path = resolve_model_path(cfg)
-    if path is not None:
-        return path
-    from harness.warmup import warm_up
-
-    size = SCALES[cfg.scale]
-    target = cache_root(cfg) / f"{cfg.scale}-{warm_key(cfg, task)}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one warm-up per key, even with parallel cells
-        if (target / "warmup.json").is_file():
-            return target
-        log(f"[models] warming up {cfg.scale} on task {task.name} (cached at {target})")
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-        try:
-            warm_up(cfg, size, task, tmp, log=log)
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def warm_info(model_dir: Path) -> dict:
-    info = Path(model_dir) / "warmup.json"
-    return json.loads(info.read_text()) if info.is_file() else {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import shutil
 import sys
 import time
@@ -19,64 +18,14 @@ from typing import List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from harness.config import CellConfig, ConfigError, default_cell_id, register_configs, validate
+from harness.config import CellConfig, ConfigError
 from harness.logging import RunDir, write_atomic
+from harness.validation import load_config
 
 EXIT_BAD_INPUT = 2
 EXIT_LOCKED = 3
 # keys that may differ between the stored and the requested config of the same run dir
 RESUMABLE_KEYS = ("steps", "progress", "root", "ckpt_keep")
-
-
-def load_config(overrides: Sequence[str]) -> CellConfig:
-    """Compose the cell config from CLI overrides with Hydra; raise ConfigError on any mistake."""
-    from hydra import compose, initialize
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    register_configs()
-    try:
-        with initialize(version_base=None, config_path=None):
-            composed = compose(config_name="cell", overrides=list(overrides))
-        cfg: CellConfig = OmegaConf.to_object(composed)
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(_override_error(exc)) from None
-    if not cfg.cell_id:
-        cfg.cell_id = default_cell_id(cfg)
-    validate(cfg)
-    return cfg
-
-
-def config_from_dict(values: dict) -> CellConfig:
-    """A cell config from nested overrides (the grid's way in): same schema, types and validation."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(CellConfig), OmegaConf.create(values))
-        cfg: CellConfig = OmegaConf.to_object(merged)
-    except (OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(f"bad cell config: {str(exc).splitlines()[0]}") from None
-    if not cfg.cell_id:
-        cfg.cell_id = default_cell_id(cfg)
-    validate(cfg)
-    return cfg
-
-
-def _override_error(exc: BaseException) -> str:
-    """Hydra's message, its cause, and the valid keys of the config node the override missed."""
-    text = str(exc).splitlines() or [type(exc).__name__]
-    lines = [text[0]]
-    cause = str(exc.__cause__ or "")
-    if cause:
-        lines[0] += f": {cause.splitlines()[0]}"
-    match = re.search(r"full_key: (\S+)", cause)
-    if match and " not in " in cause:  # an unknown key: say which keys exist there
-        parent = match.group(1).rpartition(".")[0]
-        node = OmegaConf.select(OmegaConf.structured(CellConfig), parent) if parent else OmegaConf.structured(CellConfig)
-        if node is not None and hasattr(node, "keys"):
-            lines.append(f"  valid keys{' of ' + parent if parent else ''}: {', '.join(map(str, node.keys()))}")
-    lines += [f"  {line}" for line in text[1:] if line.startswith("To append")]  # a new key in a dict
-    return "bad override: " + "\n".join(lines)
 
 
 def run_dir_of(cfg: CellConfig) -> RunDir:
@@ -133,7 +82,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     from harness.engines import build_engine
     from harness.logging import WandbSink
     from harness.monitors import Monitor, stop_reason
-    from harness.models import prepare_model, warm_info
+    from harness.warmup import prepare_model, warm_info
     from harness.sharing import PolicyMap
     from harness.tasks import build_task
     from harness.workflows import build_workflow
@@ -307,7 +256,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # a killed attempt's run open and refuse the resumed attempt ("run ID is in use")
     os.environ.pop("WANDB_SERVICE", None)
     if argv and argv[0] in ("-h", "--help"):
-        register_configs()
         print(__doc__)
         print(OmegaConf.to_yaml(OmegaConf.structured(CellConfig)))
         return 0

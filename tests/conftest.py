@@ -15,7 +15,7 @@ SHARED = REPO.parent / "shared"
 
 
 def cell(tmp_path: Path, *overrides: str):
-    from harness.run import load_config
+    from harness.validation import load_config
 
     return load_config([f"root={tmp_path}", "progress=false", "wandb.enabled=false", "report=false", *overrides])
 
@@ -26,7 +26,7 @@ def warm_model_dir():
     import torch
 
     from harness.config import CellConfig
-    from harness.models import prepare_model
+    from harness.warmup import prepare_model
     from harness.tasks import build_task
 
     torch.set_num_threads(1)

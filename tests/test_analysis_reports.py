@@ -17,7 +17,8 @@ from analysis.compare import compare, grid_tables, mean_ci
 from analysis.load import load_metrics
 from grid.expand import expand
 from grid.launch import compose
-from harness.run import config_from_dict, run_cell
+from harness.run import run_cell
+from harness.validation import config_from_dict
 from reports.sweep_report import build_sweep_report
 from tests.conftest import REPO
 

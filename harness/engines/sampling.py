@@ -12,6 +12,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from harness.models import chat_prompt
+from harness.workflows import Generation
+
 
 @torch.no_grad()
 def sample_repeated(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: int,
@@ -60,9 +63,6 @@ def group_duplicates(prompts: Sequence[str]) -> Dict[int, List[List[int]]]:
 def generate_grouped(tokenizer, prompts: Sequence[str], sample: Callable[[torch.Tensor, torch.Tensor, int], List[List[int]]]):
     """One Generation per prompt: identical prompts are encoded once and sampled `copies` times by
     `sample(input_ids, attention_mask, copies)` (rows grouped per prompt, as `sample_repeated`)."""
-    from harness.models import chat_prompt
-    from harness.workflows import Generation
-
     def generation(prompt_ids: List[int], new: List[int]) -> Generation:
         eos = tokenizer.eos_token_id
         if eos in new:

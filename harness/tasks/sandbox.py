@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from harness.tasks import candidate
+import harness.tasks.candidate as candidate
 from harness.tasks.jail import Jail, JailUnavailable, find_jail, socket_filter  # noqa: F401 - re-exported
 
 MAX_MESSAGE = 1 << 20  # one protocol line from the jail

@@ -1,0 +1,221 @@
+"""Is a cell's config runnable? Checked before anything touches the disk, by `harness.run` and
+by the grid (launch and dry run) alike, so a bad override never leaves a run directory behind.
+
+`load_config` composes CLI overrides with Hydra, `config_from_dict` takes the grid's nested
+overrides; both end in `validate`, which checks every choice against the registries of models,
+tasks and workflows, every number for finiteness and range, token budgets against the model's
+positions, data files, the root and the code jail. Every failure is one ConfigError whose
+message names the valid choices.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Optional, Sequence
+
+from omegaconf import OmegaConf
+
+from harness.config import (ACTIONS, ADV_GROUPINGS, CLIP_SCOPES, ENGINES, LOSS_AGG_MODES, LR_SCHEDULES,
+                            SHARING_MODES, TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS,
+                            CellConfig, ConfigError, default_cell_id, register_configs)
+from harness.models import SCALES, TINY_POSITIONS, is_tiny, resolve_model_path
+from harness.sharing import PolicyMap
+from harness.tasks import CODE_TASKS, NEEDS_PATH, TASKS, WARMUP_TASKS
+from harness.tasks.jail import JailUnavailable, find_jail
+from harness.workflows import WORKFLOWS, build_workflow
+
+
+def load_config(overrides: Sequence[str]) -> CellConfig:
+    """Compose the cell config from CLI overrides with Hydra; raise ConfigError on any mistake."""
+    from hydra import compose, initialize
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_configs()
+    try:
+        with initialize(version_base=None, config_path=None):
+            composed = compose(config_name="cell", overrides=list(overrides))
+        cfg: CellConfig = OmegaConf.to_object(composed)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(_override_error(exc)) from None
+    if not cfg.cell_id:
+        cfg.cell_id = default_cell_id(cfg)
+    validate(cfg)
+    return cfg
+
+
+def config_from_dict(values: dict) -> CellConfig:
+    """A cell config from nested overrides (the grid's way in): same schema, types and validation."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(CellConfig), OmegaConf.create(values))
+        cfg: CellConfig = OmegaConf.to_object(merged)
+    except (OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(f"bad cell config: {str(exc).splitlines()[0]}") from None
+    if not cfg.cell_id:
+        cfg.cell_id = default_cell_id(cfg)
+    validate(cfg)
+    return cfg
+
+
+def _override_error(exc: BaseException) -> str:
+    """Hydra's message, its cause, and the valid keys of the config node the override missed."""
+    text = str(exc).splitlines() or [type(exc).__name__]
+    lines = [text[0]]
+    cause = str(exc.__cause__ or "")
+    if cause:
+        lines[0] += f": {cause.splitlines()[0]}"
+    match = re.search(r"full_key: (\S+)", cause)
+    if match and " not in " in cause:  # an unknown key: say which keys exist there
+        parent = match.group(1).rpartition(".")[0]
+        node = OmegaConf.select(OmegaConf.structured(CellConfig), parent) if parent else OmegaConf.structured(CellConfig)
+        if node is not None and hasattr(node, "keys"):
+            lines.append(f"  valid keys{' of ' + parent if parent else ''}: {', '.join(map(str, node.keys()))}")
+    lines += [f"  {line}" for line in text[1:] if line.startswith("To append")]  # a new key in a dict
+    return "bad override: " + "\n".join(lines)
+
+
+def _choose(kind: str, value: str, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {kind} '{value}'; valid choices: {', '.join(choices)}")
+
+
+def _check_numbers(cfg: CellConfig) -> None:
+    """Every numeric knob finite and in its range (NaN and inf fail every comparison below)."""
+    positive = {"algo.lr": cfg.algo.lr, "algo.max_grad_norm": cfg.algo.max_grad_norm,
+                "algo.temperature": cfg.algo.temperature, "sandbox.wall_s": cfg.sandbox.wall_s,
+                "model.lora_alpha": cfg.model.lora_alpha}
+    non_negative = {"algo.kl_coef": cfg.algo.kl_coef, "algo.weight_decay": cfg.algo.weight_decay, "seed": cfg.seed,
+                    **{f"reward.{t}": getattr(cfg.reward, t) for t in ("node", "turn", "traj", "length")}}
+    for name, value in positive.items():
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+    for name, value in non_negative.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+    for role, weights in cfg.reward.per_role.items():
+        for term, value in weights.items():
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"reward.per_role.{role}.{term} must be a finite number, got {value}")
+
+
+def _check_root(root: str) -> None:
+    """The run directory's root must be creatable and writable (checked without creating it)."""
+    path = Path(root).expanduser().absolute()
+    existing = next((p for p in [path, *path.parents] if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"root={root} cannot be written ({existing} is not a writable directory)")
+
+
+def _check_budgets(cfg: CellConfig, model_path: Optional[Path]) -> None:
+    """Token budgets must leave room for a prompt within the model's positions."""
+    positions = TINY_POSITIONS if is_tiny(cfg.scale) else None
+    if positions is None and model_path is not None and (Path(model_path) / "config.json").is_file():
+        positions = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings")
+    budgets = {"workflow.max_new_tokens": cfg.workflow.max_new_tokens,
+               **{f"workflow.role_max_new_tokens.{r}": v for r, v in cfg.workflow.role_max_new_tokens.items()}}
+    for name, value in budgets.items():
+        if value < 1 or (positions and value >= positions):
+            raise ConfigError(f"{name}={value} must be >= 1 and below the model's {positions} positions")
+
+
+def validate(cfg: CellConfig) -> None:
+    """Raise ConfigError for anything that would fail later; touches nothing on disk but model paths."""
+    _choose("topology", cfg.topology, TOPOLOGIES)
+    _choose("sharing mode", cfg.sharing, SHARING_MODES)
+    _choose("task", cfg.task, sorted(TASKS))
+    _choose("scale", cfg.scale, list(SCALES))
+    _choose("engine", cfg.engine, ENGINES)
+    _choose("verl placement (verl.placement)", cfg.verl.placement, VERL_PLACEMENTS)
+    _choose("verl device (verl.device)", cfg.verl.device, VERL_DEVICES)
+    _choose("verl Ray bring-up (verl.ray_up)", cfg.verl.ray_up, VERL_RAY_UP)
+    _choose("verl rollout backend (verl.rollout)", cfg.verl.rollout, VERL_ROLLOUTS)
+    if cfg.verl.rollout == "vllm" and cfg.verl.device == "cpu":
+        raise ConfigError("verl.rollout=vllm needs a GPU; on a CPU use verl.rollout=hf (or auto)")
+    if cfg.verl.rollout_tp < 1 or cfg.verl.gpus_per_policy % cfg.verl.rollout_tp:
+        raise ConfigError(f"verl.rollout_tp={cfg.verl.rollout_tp} must divide "
+                          f"verl.gpus_per_policy={cfg.verl.gpus_per_policy}")
+    if cfg.verl.gpus_per_policy < 1:
+        raise ConfigError(f"verl.gpus_per_policy must be >= 1, got {cfg.verl.gpus_per_policy}")
+    if cfg.engine == "verl" and cfg.sharing_cfg.full_finetune:
+        raise ConfigError("engine=verl trains LoRA adapters; sharing_cfg.full_finetune=true needs engine=local")
+    _choose("loss aggregation (algo.loss_agg)", cfg.algo.loss_agg, LOSS_AGG_MODES)
+    positive = {
+        "steps": cfg.steps,
+        "algo.problems_per_step": cfg.algo.problems_per_step,
+        "algo.group_size": cfg.algo.group_size,
+        "algo.micro_batch_size": cfg.algo.micro_batch_size,
+        "algo.ppo_mini_batch_size": cfg.algo.ppo_mini_batch_size,
+        "algo.ppo_epochs": cfg.algo.ppo_epochs,
+        "val_samples": cfg.val_samples,
+        "workflow.n_votes": cfg.workflow.n_votes,
+        "workflow.max_iterations": cfg.workflow.max_iterations,
+        "workflow.max_subtasks": cfg.workflow.max_subtasks,
+        "workflow.max_new_tokens": cfg.workflow.max_new_tokens,
+        "val_every": cfg.val_every,
+        "ckpt_every": cfg.ckpt_every,
+        "ckpt_keep": cfg.ckpt_keep,
+        "model.lora_rank": cfg.model.lora_rank,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if cfg.algo.group_size < 2:
+        raise ConfigError("algo.group_size must be >= 2: GRPO normalises rewards within a group")
+    _check_numbers(cfg)
+    _choose("learning-rate schedule (algo.lr_schedule)", cfg.algo.lr_schedule, LR_SCHEDULES)
+    _choose("gradient clipping scope (algo.clip_scope)", cfg.algo.clip_scope, CLIP_SCOPES)
+    _choose("advantage grouping (algo.adv_grouping)", cfg.algo.adv_grouping, ADV_GROUPINGS)
+    if cfg.algo.lr_warmup_steps < 0:
+        raise ConfigError(f"algo.lr_warmup_steps must be >= 0, got {cfg.algo.lr_warmup_steps}")
+    for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        value = getattr(cfg.algo, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"algo.{name} must be > 0, got {value}")
+    if cfg.algo.clip_ratio_c is not None and not cfg.algo.clip_ratio_c > 1:
+        raise ConfigError(f"algo.clip_ratio_c (dual clip) must be > 1 or null, got {cfg.algo.clip_ratio_c}")
+    for name in ("amplification", "capture", "drift", "collapse", "nonfinite"):
+        _choose(f"action (monitors.{name}.action)", getattr(cfg.monitors, name).action, ACTIONS)
+    _choose("wandb mode (wandb.mode)", cfg.wandb.mode, ("offline", "online", "disabled"))
+    if cfg.sharing_cfg.full_finetune and cfg.algo.kl_coef > 0:
+        raise ConfigError("algo.kl_coef > 0 needs the base model as reference, which full fine-tuning changes; "
+                          "use an adapter (sharing_cfg.full_finetune=false)")
+    if cfg.sharing_cfg.full_finetune and cfg.sharing != "sp":
+        raise ConfigError("sharing_cfg.full_finetune=true needs sharing=sp (one shared policy)")
+    if cfg.sharing == "custom" and not cfg.sharing_cfg.groups:
+        raise ConfigError("sharing=custom needs sharing_cfg.groups, e.g. "
+                          "'sharing_cfg.groups={a:[voter],b:[aggregator]}'")
+    if cfg.task in CODE_TASKS and not cfg.sandbox.unsafe:  # fail closed: no jail, no code task
+        try:
+            find_jail()
+        except JailUnavailable as exc:
+            raise ConfigError(str(exc)) from None
+
+    if is_tiny(cfg.scale) and cfg.task not in WARMUP_TASKS:
+        raise ConfigError(f"scale {cfg.scale} is a tiny model warmed up on its task; task {cfg.task} has no warm-up: "
+                          f"use task {' or '.join(WARMUP_TASKS)}, or a qwen3-* scale")
+    if cfg.data.path:
+        data = Path(cfg.data.path).expanduser()
+        if not data.is_file():
+            raise ConfigError(f"data.path {cfg.data.path} does not exist")
+        if not os.access(data, os.R_OK) or data.stat().st_size == 0:
+            raise ConfigError(f"data.path {cfg.data.path} is {'empty' if os.access(data, os.R_OK) else 'not readable'}")
+    _check_root(cfg.root)
+    if cfg.task in NEEDS_PATH and not cfg.data.path:
+        raise ConfigError(f"task {cfg.task} needs data.path=/path/to/problems.jsonl")
+    model_path = resolve_model_path(cfg)  # raises ConfigError for a missing checkpoint dir
+    _check_budgets(cfg, model_path)
+    # the workflow checks its own roles against sharing groups and prompt overrides
+    workflow = build_workflow(cfg)
+    PolicyMap.from_config(cfg, workflow.role_instances())
+    # per-role settings may name roles of other topologies (one sweep, many topologies), not typos
+    known = sorted({r.name for w in WORKFLOWS.values() for r in w(None, cfg.workflow).roles()})
+    for where, roles in (("workflow.role_max_new_tokens", cfg.workflow.role_max_new_tokens),
+                         ("reward.per_role", cfg.reward.per_role)):
+        unknown = sorted(set(roles) - set(known))
+        if unknown:
+            raise ConfigError(f"{where} names unknown role(s) {', '.join(unknown)}; valid roles: {', '.join(known)}")

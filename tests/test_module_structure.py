@@ -1,0 +1,81 @@
+"""The package's import structure: the config schema imports nothing else of the harness, and no
+two modules need each other (a cycle held together by imports inside functions breaks whenever
+someone moves one of those imports to the top)."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Set
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def import_graph(package: str = "harness") -> Dict[str, Set[str]]:
+    """Module -> harness modules it imports anywhere (top level or inside functions)."""
+    modules = {}
+    for path in (REPO / package).rglob("*.py"):
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = path
+    graph: Dict[str, Set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return {name: graph[name] for name in modules}
+
+
+def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    found: List[List[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_harness_has_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_cycle_finder_sees_a_cycle_through_a_function_level_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_config_imports_nothing_else_of_the_harness():
+    assert import_graph()["harness.config"] == set()
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, harness.config; print(sorted(m for m in sys.modules if m.startswith('harness')))"],
+        cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "['harness', 'harness.config']"

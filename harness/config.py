@@ -101,6 +101,7 @@ class AlgoConfig:
     kl_coef: float = 0.0  # > 0: KL to the base model (adapter disabled)
     micro_batch_size: int = 64
     temperature: float = 1.0
+    shared_prompt_forward: bool = True  # local engine: each distinct prompt runs once in the update (exact)
 
 
 @dataclass
@@ -217,7 +218,8 @@ class VerlConfig:
 
 @dataclass
 class InstrumentConfig:
-    kl_to_base: bool = True  # measure per-role KL to the base model (adapter disabled) every step
+    kl_to_base: bool = True  # measure per-role KL to the base model (adapter disabled) as a metric
+    kl_every: int = 10  # ... every this many steps (a forward with the adapter off); every step if algo.kl_coef > 0
 
 
 @dataclass

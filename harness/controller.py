@@ -87,6 +87,9 @@ class Controller:
         metrics.update(update_metrics(update))
         metrics["lr"] = self.cfg.algo.lr * lr_multiplier(self.cfg.algo, self.cfg.steps, step)
         metrics["skipped_policies"] = float(len(update.skipped))
+        if self.cfg.instrument.kl_to_base and self.cfg.instrument.kl_every > 0 and self.cfg.algo.kl_coef == 0:
+            # role/<r>/kl is measured every instrument.kl_every steps: steps since its last value
+            metrics["kl_age"] = float(step % self.cfg.instrument.kl_every)
         metrics["time/rollout_s"] = rollout_s
         metrics["time/update_s"] = update_s
         metrics["time/step_s"] = time.perf_counter() - started

@@ -170,6 +170,8 @@ def validate(cfg: CellConfig) -> None:
     _choose("learning-rate schedule (algo.lr_schedule)", cfg.algo.lr_schedule, LR_SCHEDULES)
     _choose("gradient clipping scope (algo.clip_scope)", cfg.algo.clip_scope, CLIP_SCOPES)
     _choose("advantage grouping (algo.adv_grouping)", cfg.algo.adv_grouping, ADV_GROUPINGS)
+    if cfg.instrument.kl_every < 0:
+        raise ConfigError(f"instrument.kl_every must be >= 0 (0: never), got {cfg.instrument.kl_every}")
     if cfg.algo.lr_warmup_steps < 0:
         raise ConfigError(f"algo.lr_warmup_steps must be >= 0, got {cfg.algo.lr_warmup_steps}")
     for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):

@@ -1,9 +1,14 @@
 """The grid launcher against a real single-node SLURM cluster (slurm/local-cluster.sh; .ci/run starts it)."""
 import json
+import os
 from pathlib import Path
+import random
+import re
+import signal
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import pytest
 
@@ -30,8 +35,15 @@ def ledger(root, sweep="smoke"):
     return json.loads((root / sweep / ".grid" / "jobs.json").read_text())
 
 
-def test_smoke_sweep_on_slurm_then_a_relaunch_submits_nothing(tmp_path, warm_model_dir, slurm_cluster):
-    first = launch(tmp_path, "sweep=smoke", "wait=true")
+@pytest.fixture(scope="module")
+def smoke_sweep(tmp_path_factory, warm_model_dir, slurm_cluster):
+    """The smoke sweep run once, uninterrupted: the launcher's first output and its root."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    return launch(root, "sweep=smoke", "wait=true"), root
+
+
+def test_smoke_sweep_on_slurm_then_a_relaunch_submits_nothing(smoke_sweep):
+    first, tmp_path = smoke_sweep
     assert first.returncode == 0, first.stdout + first.stderr
     assert "submitted 7 cells to SLURM (1 job arrays)" in first.stdout
     assert "summary: 7 finished" in first.stdout
@@ -47,6 +59,80 @@ def test_smoke_sweep_on_slurm_then_a_relaunch_submits_nothing(tmp_path, warm_mod
     status = subprocess.run(LAUNCH + [f"root={tmp_path}", "sweep=smoke", "action=status"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert "summary: 7 finished" in status.stdout and ".submitit/" in status.stdout
+
+
+def status(root) -> str:
+    return subprocess.run(LAUNCH + [f"root={root}", "launcher=slurm", "sweep=smoke", "action=status"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120).stdout
+
+
+def _comparable(record: dict) -> dict:
+    """A metrics record without wall-clock timings, the only keys allowed to differ between attempts."""
+    return {k: v for k, v in record.items() if not k.startswith("time/")}
+
+
+def _interrupt(root: Path, rng: random.Random, how: str, steps: int, ckpt_every: int = 5) -> Optional[tuple]:
+    """scancel or SIGKILL one randomly chosen cell past its first checkpoint and not yet done;
+    (cell, steps logged) or None."""
+    sweep = root / "smoke"
+    running = []
+    for cell_id, entry in ledger(root).items():
+        status = json.loads((sweep / cell_id / "status.json").read_text()) if (sweep / cell_id / "status.json").is_file() else {}
+        logged = len(read_jsonl(sweep / cell_id / "metrics.jsonl"))
+        if status.get("state") == "running" and ckpt_every < logged < steps - 1:
+            running.append((cell_id, entry["job_id"], status["pid"], logged))
+    if not running:
+        return None
+    cell_id, job_id, pid, logged = rng.choice(sorted(running))
+    if how == "scancel":
+        subprocess.run(["scancel", job_id], check=True)
+    else:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+    return cell_id, logged
+
+
+@pytest.mark.timeout(1200)
+def test_soak_random_scancel_and_sigkill_then_relaunch_equals_the_uninterrupted_sweep(tmp_path, smoke_sweep):
+    """The smoke sweep again, with cells cancelled (scancel) and killed (SIGKILL) at random moments and
+    the launcher run again after each blow, then until everything is done: every cell finishes and every
+    logged step equals the uninterrupted sweep's, number for number."""
+    reference_root = smoke_sweep[1]
+    steps = 20
+    rng = random.Random(20261201)
+    assert launch(tmp_path, "sweep=smoke").returncode == 0
+    landed = []
+    for how in ["scancel", "sigkill", "scancel", "sigkill"]:
+        deadline = time.time() + rng.uniform(6, 20)
+        hit = None
+        while hit is None and time.time() < deadline + 120:
+            if time.time() >= deadline:
+                hit = _interrupt(tmp_path, rng, how, steps)
+            time.sleep(0.5)
+        if hit is None:
+            break  # nothing left mid-run to hit
+        landed.append((how, *hit))
+        relaunch = launch(tmp_path, "sweep=smoke")  # an impatient user: the blow may still be landing
+        assert relaunch.returncode == 0, relaunch.stdout + relaunch.stderr
+    assert len(landed) >= 3, f"too few interruptions landed mid-run: {landed}"
+    for _ in range(4):  # relaunched until done (a launch that finds every cell in flight submits nothing)
+        _wait(lambda: not re.search(r"\d+ (running|queued)", status(tmp_path)), 600, "the cells in flight")
+        if "summary: 7 finished" in status(tmp_path):
+            break
+        assert launch(tmp_path, "sweep=smoke").returncode == 0
+    assert "summary: 7 finished" in status(tmp_path), status(tmp_path)
+    for cell_id in ledger(reference_root):
+        got = read_jsonl(tmp_path / "smoke" / cell_id / "metrics.jsonl")
+        want = read_jsonl(reference_root / "smoke" / cell_id / "metrics.jsonl")
+        assert [m["step"] for m in got] == list(range(steps)), cell_id
+        for mine, theirs in zip(got, want):
+            assert _comparable(mine) == _comparable(theirs), (cell_id, mine["step"])
+    for how, cell_id, logged in landed:  # each blown-up cell resumed from a checkpoint, not from step 0
+        out = Path(ledger(tmp_path)[cell_id]["stderr"]).with_suffix(".out").read_text()
+        assert f"resuming {cell_id} from step" in out, (how, cell_id, logged)
+    print(f"interruptions (how, cell, steps logged): {landed}")
 
 
 def _wait(predicate, seconds, what):

@@ -172,7 +172,8 @@ def test_verl_cell_runs_writes_the_run_dir_and_resumes_after_sigkill(tmp_path, w
         assert a["reward/mean"] == b["reward/mean"], a["step"]
         assert abs(a["policy/voter/grad_norm"] - b["policy/voter/grad_norm"]) < 1e-6
         assert a["policy/voter/optimizer_steps"] == 3 * a["policy/aggregator/optimizer_steps"] == 3
-        assert a["role/voter/coherence_mb_mean"] > 0 and a["role/aggregator/kl"] >= 0.0
+        assert a["role/voter/coherence_mb_mean"] > 0
+        assert ("role/aggregator/kl" in a) == (a["step"] % 10 == 0) and a.get("role/aggregator/kl", 0.0) >= 0.0
 
     # the same run directory as engine=local: files, metric keys, status, checkpoints
     reference = _run(local, "engine=local")

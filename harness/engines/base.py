@@ -145,6 +145,15 @@ def clip_coefficients(norms: Dict[str, float], max_norm: float, scope: str) -> D
     return {p: factor(n) if math.isfinite(n) else 1.0 for p, n in norms.items()}
 
 
+def measure_kl(cfg, step: int) -> bool:
+    """KL to the base costs a forward with the adapter off: every step when it is in the loss
+    (kl_coef > 0), else every `instrument.kl_every` steps as a metric (0: never)."""
+    if cfg.algo.kl_coef > 0:
+        return True
+    every = cfg.instrument.kl_every if cfg.instrument.kl_to_base else 0
+    return every > 0 and step % every == 0
+
+
 def lr_multiplier(algo, total_steps: int, step: int) -> float:
     """verl's LR schedule (constant or cosine, linear warm-up) at training step `step`; verl steps its
     scheduler once per training step."""

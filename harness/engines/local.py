@@ -18,7 +18,8 @@ import torch
 from harness.algo.loss import BatchNorm, ClipConfig, aggregate, kl_to_reference, ppo_clip_loss
 from harness.engines.adapters import attach_adapters
 from harness.engines.base import (MiniBatch, UpdateResult, clip_coefficients, finish_update, lr_multiplier,
-                                  record_minibatch, record_step, update_plan)
+                                  measure_kl, record_minibatch, record_step, update_plan)
+from harness.engines.logprobs import ResponseLogProbs, response_log_probs
 from harness.engines.sampling import generate_grouped, sample_repeated
 from harness.workflows import Generation, Sampling, Turn
 
@@ -67,23 +68,10 @@ class LocalEngine:
         return generate_grouped(tok, prompts, sample)
 
     # ---------------------------------------------------------------- update
-    def _log_probs(self, batch: Sequence[Turn]):
-        """Token log-probs of each response (bs, T), its mask, and the logits' entropy."""
-        rows = [t.prompt_ids + t.response_ids for t in batch]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        attention = torch.zeros_like(ids)
-        mask = torch.zeros((len(rows), width - 1))
-        for b, (turn, row) in enumerate(zip(batch, rows)):
-            ids[b, : len(row)] = torch.tensor(row)
-            attention[b, : len(row)] = 1
-            mask[b, len(turn.prompt_ids) - 1: len(row) - 1] = 1.0  # positions predicting response tokens
-        logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-        log_softmax = torch.log_softmax(logits, dim=-1)
-        log_prob = log_softmax.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        with torch.no_grad():
-            entropy = -(log_softmax.exp() * log_softmax).sum(-1)
-        return log_prob, mask, entropy, ids, attention
+    def _log_probs(self, batch: Sequence[Turn]) -> ResponseLogProbs:
+        """Each response token's log-prob, the distribution's entropy and the response mask (rows, M)."""
+        return response_log_probs(self.model, [t.prompt_ids for t in batch], [t.response_ids for t in batch],
+                                  self.tokenizer.pad_token_id, shared_prompt=self.cfg.algo.shared_prompt_forward)
 
     @torch.no_grad()
     def _old_log_probs(self, policy: str, turns: Sequence[Turn]) -> Dict[int, torch.Tensor]:
@@ -94,39 +82,43 @@ class LocalEngine:
         size = self.cfg.algo.micro_batch_size
         for start in range(0, len(turns), size):
             batch = turns[start: start + size]
-            log_prob, mask, _, _, _ = self._log_probs(batch)
+            out = self._log_probs(batch)
             for row, turn in enumerate(batch):
-                old[id(turn)] = log_prob[row][mask[row].bool()].clone()
+                old[id(turn)] = out.log_prob[row][out.mask[row].bool()].clone()
         return old
 
     def micro_batch_loss(self, batch: Sequence[Turn], norm: BatchNorm, role: str, stats: dict,
-                         old: Optional[Dict[int, torch.Tensor]] = None) -> torch.Tensor:
+                         old: Optional[Dict[int, torch.Tensor]] = None, measure_kl: bool = False) -> torch.Tensor:
         """Loss of one micro-batch of one role instance, normalised by its mini-batch's counts.
-        Without `old` log-probs the step is on-policy (ratio 1)."""
+        A turn without `old` log-probs is on-policy: its own log-probs (detached) are the old ones, and
+        are kept in `old` when given, for later epochs."""
         algo = self.cfg.algo
-        log_prob, mask, entropy, ids, attention = self._log_probs(batch)
+        out = self._log_probs(batch)
+        log_prob, mask = out.log_prob, out.mask
         old_log_prob = log_prob.detach().clone()
-        if old is not None:
-            for row, turn in enumerate(batch):
-                old_log_prob[row][mask[row].bool()] = old[id(turn)]
+        for row, turn in enumerate(batch):
+            where = mask[row].bool()
+            if old is not None and id(turn) in old:
+                old_log_prob[row][where] = old[id(turn)]
+            elif old is not None:
+                old[id(turn)] = old_log_prob[row][where].clone()
         advantages = torch.tensor([[t.advantage] for t in batch], dtype=torch.float32)
         policy_loss = ppo_clip_loss(log_prob, old_log_prob, advantages, ClipConfig.from_algo(algo))
         loss_mat = policy_loss.loss_mat
-        if algo.kl_coef > 0 or (self.cfg.instrument.kl_to_base and not self.full_finetune):
+        if algo.kl_coef > 0 or measure_kl:
             with torch.no_grad(), self.model.disable_adapter():
-                ref_logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-                ref = torch.log_softmax(ref_logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+                ref = self._log_probs(batch).log_prob
             kl = kl_to_reference(log_prob, ref)
             if algo.kl_coef > 0:
                 loss_mat = loss_mat + algo.kl_coef * kl
             stats["kl"][role] += float((kl.detach() * mask).sum())
-        stats["entropy"][role] += float((entropy * mask).sum())
+        stats["entropy"][role] += float((out.entropy * mask).sum())
         stats["tokens"][role] += float(mask.sum())
         stats["clipped"][role] += float((policy_loss.clipped * mask).sum())
         stats["ratio"][role] += float((policy_loss.ratio * mask).sum())
         return aggregate(loss_mat, mask, algo.loss_agg, norm, role)
 
-    def _backward(self, policy: str, minibatch: MiniBatch, old, stats, probe) -> Dict[str, float]:
+    def _backward(self, policy: str, minibatch: MiniBatch, old, stats, probe, measure_kl: bool) -> Dict[str, float]:
         """Every micro-batch of one mini-batch, grouped by role instance; returns each role's loss."""
         params, size = self.params[policy], self.cfg.algo.micro_batch_size
         losses: Dict[str, float] = defaultdict(float)
@@ -134,7 +126,8 @@ class LocalEngine:
             if probe is not None:
                 probe.begin(policy, slot, params)
             for start in range(0, len(group), size):
-                loss = self.micro_batch_loss(group[start: start + size], minibatch.norm, slot[0], stats, old)
+                loss = self.micro_batch_loss(group[start: start + size], minibatch.norm, slot[0], stats, old,
+                                             measure_kl)
                 loss.backward()
                 losses[slot[0]] += float(loss.detach())
             if probe is not None:
@@ -157,7 +150,11 @@ class LocalEngine:
         for policy in policies:
             for group in self.optimizers[policy].param_groups:
                 group["lr"] = lr
-        old = {p: self._old_log_probs(p, [t for t in samples if t.policy == p]) for p in policies}
+        # on-policy rows (the first mini-batch, before any step) take their old log-probs from their own
+        # forward; every other row gets one forward under the behaviour weights now, as verl does
+        first = {id(t) for p in policies for t in plan[p][0].turns}
+        old = {p: self._old_log_probs(p, [t for t in samples if t.policy == p and id(t) not in first]) for p in policies}
+        kl_now = measure_kl(self.cfg, step) and not self.full_finetune
         drift_before = {p: self._distance(p) for p in policies}
         stats = {k: defaultdict(float) for k in ("entropy", "kl", "tokens", "clipped", "ratio")}
         result = UpdateResult(0.0, {}, {}, {})
@@ -170,7 +167,7 @@ class LocalEngine:
                 self._activate(policy)
                 self.optimizers[policy].zero_grad(set_to_none=True)
                 clipped, tokens = sum(stats["clipped"].values()), sum(stats["tokens"].values())
-                losses[policy] = self._backward(policy, plan[policy][k], old[policy], stats, probe)
+                losses[policy] = self._backward(policy, plan[policy][k], old[policy], stats, probe, kl_now)
                 counted[policy] = (sum(stats["clipped"].values()) - clipped, sum(stats["tokens"].values()) - tokens)
                 grads = [p.grad for p in self.params[policy] if p.grad is not None]
                 norms[policy] = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0

@@ -27,8 +27,8 @@ import torch
 
 from harness.algo.loss import ClipConfig
 from harness.engines.adapters import export_initial_adapters
-from harness.engines.base import (UpdateResult, clip_coefficients, finish_update, record_minibatch, record_step,
-                                  update_plan)
+from harness.engines.base import (UpdateResult, clip_coefficients, finish_update, measure_kl, record_minibatch,
+                                  record_step, update_plan)
 from harness.engines.sampling import generate_grouped
 from harness.engines.verl.rollout import launch_replica, resolve_backend, rollout_config, run_sync
 from harness.engines.verl.rollout import sample as rollout_sample
@@ -189,7 +189,7 @@ class VerlEngine:
         import ray
 
         algo = self.cfg.algo
-        want_kl = algo.kl_coef > 0 or self.cfg.instrument.kl_to_base
+        want_kl = measure_kl(self.cfg, step)
         self._sleep_rollouts()
         plan = update_plan(samples, algo, self.seed, step)
         policies = [p for p in self.policies if p in plan]

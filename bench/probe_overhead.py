@@ -59,8 +59,8 @@ def main() -> None:
         assign_rewards(e, voting.cfg.reward)
     assign_advantages(episodes)
     turns = [t for e in episodes for t in e.turns]
-    plain, probed = interleaved(lambda: voting.engine.update(turns, None),
-                                lambda: voting.engine.update(turns, GradientProbe()), args.repeats)
+    plain, probed = interleaved(lambda: voting.engine.update(turns, None, step=1),
+                                lambda: voting.engine.update(turns, GradientProbe(), step=1), args.repeats)
     print(f"update step, voting+ip, {len(turns)} turns: plain {plain * 1e3:.1f} ms, "
           f"instrumented {probed * 1e3:.1f} ms, ratio {probed / plain:.3f} (target <= 1.05)")
 

@@ -7,8 +7,10 @@ scale (the tiny CPU model trains on the synthetic task, Qwen3 checkpoints on the
 """
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -53,11 +55,16 @@ def choices(axis: str) -> List[str]:
 
 
 def _axis_overrides(axis: str, value: Any) -> Dict[str, Any]:
+    return copy.deepcopy(_load_axis(axis, str(value)))
+
+
+@lru_cache(maxsize=None)
+def _load_axis(axis: str, value: str) -> Dict[str, Any]:
+    """An axis value's overrides, read once per expansion (cells share them)."""
     path = CONF_DIR / axis / f"{value}.yaml"
     if not path.is_file():
         raise GridError(f"unknown {axis} '{value}' in the sweep; valid choices: {', '.join(choices(axis))}")
-    loaded = OmegaConf.to_container(OmegaConf.load(path)) or {}
-    return loaded
+    return OmegaConf.to_container(OmegaConf.load(path)) or {}
 
 
 def concrete_task(task_axis: str, scale: str) -> str:
@@ -85,8 +92,15 @@ def resources_for(cluster: DictConfig, scale: str) -> Resources:
 
 
 def _merge(*parts: Dict[str, Any]) -> Dict[str, Any]:
-    merged = OmegaConf.merge(*[OmegaConf.create(p) for p in parts])
-    return OmegaConf.to_container(merged)
+    """Later parts win; dicts merge key by key, anything else (lists too) is replaced, as OmegaConf merges."""
+    merged: Dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = _merge(merged[key], value)
+            else:
+                merged[key] = copy.deepcopy(value)
+    return merged
 
 
 def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:

@@ -82,3 +82,34 @@ def test_bad_input_submits_nothing(tmp_path, capsys, monkeypatch, overrides, mes
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err, err
     assert not root.exists()
+
+
+@pytest.mark.parametrize("sweep", ["full_matrix", "smoke"])
+def test_direct_config_path_builds_exactly_what_omegaconf_builds(sweep):
+    """config_from_dict's fast path (plain typed values) against OmegaConf's merge, cell by cell."""
+    from omegaconf import OmegaConf
+
+    from harness.config import CellConfig
+    from harness.validation import _build
+
+    cfg = compose([f"sweep={sweep}", "sweep.axes.seed=[0,1]"])
+    cells = expand(cfg.sweep, cfg.cluster, "runs")
+    for cell in cells:
+        slow = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CellConfig), OmegaConf.create(cell.overrides)))
+        assert _build(CellConfig, cell.overrides) == slow, cell.cell_id
+    # dicts merge key by key (a prompt override keeps the other prompts), lists are replaced
+    merged = _build(CellConfig, {"workflow": {"prompts": {"voter": "v: {question}"}}, "model": {"lora_targets": ["q_proj"]}})
+    assert merged.workflow.prompts["voter"] == "v: {question}" and merged.workflow.prompts["solver"] == "solve: {question}"
+    assert merged.model.lora_targets == ["q_proj"]
+
+
+def test_values_off_the_direct_path_are_converted_or_refused_by_omegaconf():
+    from harness.config import ConfigError
+    from harness.validation import config_from_dict
+
+    assert config_from_dict({"steps": "7", "algo": {"lr": 1}}).steps == 7  # a string for an int: converted
+    assert config_from_dict({"algo": {"lr": 1}}).algo.lr == 1.0
+    with pytest.raises(ConfigError, match="bad cell config"):
+        config_from_dict({"steps": "many"})
+    with pytest.raises(ConfigError, match="bad cell config"):
+        config_from_dict({"algo": {"learning_rate": 1e-3}})

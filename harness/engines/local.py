@@ -24,6 +24,11 @@ from harness.engines.sampling import generate_grouped, sample_repeated
 from harness.workflows import Generation, Sampling, Turn
 
 
+def norm_of(tensors: Sequence[torch.Tensor]) -> float:
+    """The L2 norm of tensors taken as one vector (one fused call, not one per tensor)."""
+    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(tensors))))) if tensors else 0.0
+
+
 class LocalEngine:
     def __init__(self, model_dir: Path, policies: List[str], cfg, seed: int = 0):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -43,15 +48,18 @@ class LocalEngine:
             self.params = {p: [t for n, t in self.model.named_parameters() if f".{p}." in n and "lora_" in n]
                            for p in self.policies}
         self.seed = seed
+        self._active: Optional[str] = None
         self.initial = {p: [t.detach().clone() for t in self.params[p]] for p in self.policies}  # θ_0, for drift
-        self.optimizers = {p: torch.optim.AdamW(self.params[p], lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
+        # fused: one kernel for all of a policy's tensors (the per-tensor loop is ~5x slower at LoRA sizes)
+        self.optimizers = {p: torch.optim.AdamW(self.params[p], lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay, fused=True)
                            for p in self.policies}
         self.model.eval()  # no dropout anywhere; gradients still flow
 
     # ---------------------------------------------------------------- generate
     def _activate(self, policy: str) -> None:
-        if not self.full_finetune:
+        if not self.full_finetune and self._active != policy:  # set_adapter walks every module: once per switch
             self.model.set_adapter(policy)  # also makes only this adapter trainable
+            self._active = policy
         for p in self.params[policy]:
             p.requires_grad_(True)
 
@@ -137,7 +145,8 @@ class LocalEngine:
         return losses
 
     def _distance(self, policy: str) -> float:
-        return math.sqrt(sum(float((p.detach() - p0).pow(2).sum()) for p, p0 in zip(self.params[policy], self.initial[policy])))
+        with torch.no_grad():
+            return norm_of(torch._foreach_sub(self.params[policy], self.initial[policy]))
 
     def update(self, samples: Sequence[Turn], probe=None, step: int = 0) -> UpdateResult:
         """verl's actor update for every policy (engines/base.py): old log-probs from the behaviour
@@ -182,15 +191,16 @@ class LocalEngine:
                     continue
                 with torch.no_grad():
                     torch._foreach_mul_([p.grad for p in params if p.grad is not None], factors[policy])
-                before = [p.detach().clone() for p in params]
+                with torch.no_grad():
+                    before = [p.clone() for p in params]
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 with torch.no_grad():
-                    record_step(result, policy, math.sqrt(sum(float((p - b).pow(2).sum()) for p, b in zip(params, before))))
+                    record_step(result, policy, norm_of(torch._foreach_sub(params, before)))
         finish_update(result, {p: plan[p] for p in policies}, role_loss, stats)
         for policy in policies:
             with torch.no_grad():
-                result.policy_param_norm[policy] = math.sqrt(sum(float(p.pow(2).sum()) for p in self.params[policy]))
+                result.policy_param_norm[policy] = norm_of(self.params[policy])
             result.drift[policy] = self._distance(policy)
             result.drift_rate[policy] = result.drift[policy] - drift_before[policy]
         return result

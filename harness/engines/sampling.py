@@ -22,7 +22,8 @@ def sample_repeated(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     """(B*repeats, T) new tokens for B left-padded prompts, each sampled `repeats` times
     (rows b*repeats .. b*repeats+repeats-1 belong to prompt b); pad after end of turn."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                logits_to_keep=1)  # only the last position samples (Qwen3: 151,936 logits per position)
     cache = out.past_key_values
     if repeats > 1:
         cache.batch_repeat_interleave(repeats)

@@ -150,9 +150,9 @@ def main() -> None:
                     out = run_worker(trl_python, worker, trl_spec(shape, model_dir, seed=round_), env)
                 seconds[side] = median(out["step_s"])
             ratios.append(seconds["harness"] / seconds["trl"])
-            print(f"{text:<18} {round_:>5} {seconds['harness']:>10.3f} {seconds['trl']:>8.3f} {ratios[-1]:>6.2f}",
+            print(f"{text:<18} {round_:>5} {seconds['harness']:>10.3f} {seconds['trl']:>8.3f} {ratios[-1]:>6.3f}",
                   flush=True)
-        print(f"{text:<18} {'all':>5} {'':>10} {'':>8} {statistics.median(ratios):>6.2f}  "
+        print(f"{text:<18} {'all':>5} {'':>10} {'':>8} {statistics.median(ratios):>6.3f}  "
               f"(median; range {min(ratios):.2f}-{max(ratios):.2f}; target <= 0.50)", flush=True)
 
     shape = {"problems": 16, "group": 4, "tokens": 16, "steps": min(args.steps, 15)}

@@ -133,3 +133,33 @@ def _save(fig, out: Path) -> Path:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def failure_curve(metrics: pd.DataFrame, alerts: Optional[pd.DataFrame], failure_step: Optional[int], out: Path,
+                  title: str = "", smooth: int = 5) -> Path:
+    """A failing cell: validation accuracy and each role's length, the detectors' alerts (dotted, by
+    kind) and the labelled failure step (solid red), so the lead time can be seen."""
+    metrics = metrics.sort_values("step")
+    fig, axes = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
+    if "val/accuracy" in metrics:
+        val = metrics[["step", "val/accuracy"]].dropna()
+        axes[0].plot(val["step"], val["val/accuracy"], "o-", color="black", label="validation accuracy")
+    if "reward/mean" in metrics:
+        axes[0].plot(metrics["step"], _smooth(metrics["reward/mean"], smooth), color="C7", label="sampled reward")
+    for i, role in enumerate(roles_of(metrics)):
+        axes[1].plot(metrics["step"], _smooth(metrics[f"role/{role}/response_length"], smooth), color=f"C{i}",
+                     label=role)
+    axes[0].set_ylabel("accuracy / reward", fontsize=8)
+    axes[1].set_ylabel("response length (tokens)", fontsize=8)
+    axes[1].set_xlabel("step")
+    for ax in axes:
+        _mark_alerts(ax, alerts)
+        if failure_step is not None:
+            ax.axvline(failure_step, color="tab:red", linewidth=1.5)
+        ax.legend(fontsize=7, loc="best")
+    kinds = sorted(set(alerts["kind"])) if alerts is not None and not alerts.empty else []
+    axes[0].set_title((title + "  |  " if title else "") + "failure (red)" +
+                      ("; alerts: " + ", ".join(f"{k} ({ALERT_COLORS.get(k, 'gray').replace('tab:', '')})"
+                                                for k in kinds) if kinds else "; no alert"), fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out)

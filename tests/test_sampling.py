@@ -47,5 +47,6 @@ def test_sampled_responses_are_what_the_loss_scores(tmp_path, warm_model_dir):
         assert eos not in o.response_ids[:-1]
     turns = [Turn("solver", 0, "shared", p, o.prompt_ids, o.response_ids, o.text, o.truncated, 0)
              for p, o in zip(prompts, out)]
-    log_prob, mask, *_ = engine._log_probs(turns)
+    scored = engine._log_probs(turns)
+    log_prob, mask = scored.log_prob, scored.mask
     assert torch.isfinite(log_prob[mask.bool()]).all() and int(mask.sum()) == sum(len(o.response_ids) for o in out)

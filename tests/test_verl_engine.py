@@ -69,7 +69,7 @@ def _compare(local_result, local_probe, verl_result, verl_probe) -> dict:
     # two FSDP ranks (gloo) per policy: shards reduce to the same Gram matrix; 2 epochs of shuffled
     # mini-batches of 4 problems (voters: 6 optimizer steps, aggregator: 2) with one clip norm over the cell
     ("topology=voting", "sharing=ip", "algo.loss_agg=token-mean", "verl.gpus_per_policy=2",
-     "algo.ppo_mini_batch_size=4", "algo.ppo_epochs=2", "algo.shuffle=true", "algo.clip_scope=cell",
+     "algo.ppo_mini_batch_size=4", "algo.ppo_epochs=2", "algo.shuffle=true", "algo.clip_scope=cell", "instrument.kl_every=1",
      "algo.max_grad_norm=0.3"),
     # fixed-size micro-batches (5 does not divide every instance's rows) and one group per policy's own GPUs;
     # 3 mini-batches per step, asymmetric clip, cosine LR with warm-up

@@ -1,0 +1,99 @@
+"""The detector-validation report on a constructed sweep whose failures and alerts are known:
+recall, lead, false-positive rate and per-arm failure rates come out as counted by hand, and the
+HTML renders in headless Chromium."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from analysis.detector_validation import arm_failure_rates, detector_scores, outcomes, wilson
+from analysis.labels import capture_labels
+from tests.conftest import REPO
+from tests.test_analysis_reports import _open_in_chromium
+from tests.test_labels import _stream, validations
+
+
+def _run(sweep, cell_id, topology, sharing, seed, records, alerts):
+    run = sweep / cell_id
+    run.mkdir(parents=True)
+    (run / "cell.yaml").write_text(f"cell_id: {cell_id}\ntopology: {topology}\nsharing: {sharing}\nseed: {seed}\n"
+                                   f"task: arith\nscale: tiny-m\nextra: {{task_axis: math}}\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "alerts.jsonl").write_text("".join(json.dumps({"step": s, "kind": k, "role": None, "policy": None,
+                                                          "value": 1.0, "threshold": 1.0, "message": k,
+                                                          "action": "alert"}) + "\n" for s, k in alerts))
+    return run
+
+
+def _with_validations(records, accuracies):
+    for record, validation in zip(records[::10], validations(accuracies)):
+        record.update(validation)
+    return records
+
+
+STEADY = dict(lengths=lambda s: 1.0, formats=lambda s: 1.0)
+CAPTURED = dict(lengths=lambda s: 1.0 if s < 50 else min(6.0, 1.0 + (s - 50) * 0.1),
+                formats=lambda s: 1.0 if s < 50 else 0.2)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("repro") / "repro"
+    flat = [0.5] * 12
+    # voting IP: two collapses (steps 30 and 50); amplification warned of the first at step 12
+    _run(sweep, "voting-ip-arith-tiny-m-s0", "voting", "ip", 0,
+         _with_validations(_stream(120, **STEADY), [0.5, 0.6, 0.6, 0.2, 0.1, 0.1] + [0.1] * 6),
+         [(12, "amplification"), (40, "collapse")])
+    _run(sweep, "voting-ip-arith-tiny-m-s1", "voting", "ip", 1,
+         _with_validations(_stream(120, **STEADY), [0.5, 0.6, 0.6, 0.6, 0.6, 0.2] + [0.1] * 6), [])
+    # voting SP: one capture (warned by capture at 60 and length drift at 55), one healthy cell with a drift alert
+    captured = _with_validations(_stream(120, **CAPTURED), flat)
+    _run(sweep, "voting-sp-arith-tiny-m-s0", "voting", "sp", 0, captured, [(55, "length_drift"), (60, "capture")])
+    _run(sweep, "voting-sp-arith-tiny-m-s1", "voting", "sp", 1, _with_validations(_stream(120, **STEADY), flat),
+         [(30, "length_drift")])
+    _run(sweep, "single-arith-tiny-m-s0", "single", "sp", 0, _with_validations(_stream(120, **STEADY), flat), [])
+    return sweep, capture_labels(captured)[0].step
+
+
+def test_scores_are_what_the_constructed_sweep_holds(sweep):
+    root, capture_step = sweep
+    scores = detector_scores(outcomes(root)).set_index("detector")
+    amp = scores.loc["amplification"]
+    assert (amp["failing cells"], amp["caught in time"], amp["recall"]) == (2, 1, 0.5)
+    assert amp["median lead (steps)"] == 30 - 12 and amp["false-positive rate"] == 0.0
+    assert scores.loc["collapse", "recall"] == 0.0  # it fired at 40, after the failure at 30
+    assert scores.loc["capture", "recall"] == 1.0 and scores.loc["capture", "median lead (steps)"] == capture_step - 60
+    drift = scores.loc["length_drift"]
+    assert drift["median lead (steps)"] == capture_step - 55
+    assert (drift["healthy cells"], drift["fired on healthy"], drift["false-positive rate"]) == (2, 1, 0.5)
+    arms = arm_failure_rates(outcomes(root)).set_index("arm")
+    assert arms.loc["voting-ip (arith, tiny-m)", "failure rate"] == 1.0
+    assert arms.loc["voting-sp (arith, tiny-m)", "failure rate"] == 0.5
+    assert arms.loc["single (arith, tiny-m)", "failed"] == 0
+
+
+def test_wilson_interval():
+    low, high = wilson(0, 5)
+    assert low == 0.0 and 0.4 < high < 0.5  # no failure in 5 seeds still leaves up to ~43%
+    low, high = wilson(5, 10)
+    assert math.isclose(low + high, 1.0, abs_tol=1e-9) and 0.23 < low < 0.24
+    assert all(math.isnan(v) for v in wilson(0, 0))
+
+
+def test_report_is_written_and_renders_in_chromium(sweep, tmp_path):
+    root, _ = sweep
+    proc = subprocess.run([sys.executable, "-m", "reports.detectors", str(root)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "5 cells, 3 with a failure label" in proc.stdout and "amplification" in proc.stdout
+    html = root / "report" / "detectors.html"
+    md = (root / "report" / "detectors.md").read_text()
+    assert "| amplification |" in md and "[0.34, 1.00]" in md
+    assert len(list((root / "report").glob("failure_*.png"))) == 3
+    seen = _open_in_chromium(html.as_uri(), tmp_path / "detectors.png")
+    assert not seen["errors"] and not seen["dialogs"] and len(seen["images"]) == 3 and all(seen["images"])
+    missing = subprocess.run([sys.executable, "-m", "reports.detectors", str(tmp_path / "none")], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "holds no run directories" in missing.stderr

@@ -10,6 +10,7 @@ import pytest
 
 from analysis.detector_validation import arm_failure_rates, detector_scores, outcomes, wilson
 from analysis.labels import capture_labels
+from harness.logging import read_jsonl
 from tests.conftest import REPO
 from tests.test_analysis_reports import _open_in_chromium
 from tests.test_labels import _stream, validations
@@ -97,3 +98,23 @@ def test_report_is_written_and_renders_in_chromium(sweep, tmp_path):
     missing = subprocess.run([sys.executable, "-m", "reports.detectors", str(tmp_path / "none")], cwd=REPO,
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "holds no run directories" in missing.stderr
+
+
+def test_a_slice_of_the_repro_sweep_runs_and_is_scored(tmp_path, warm_model_dir):
+    """Two cells of `sweep=repro` (voting IP and its single-agent baseline), a few steps, through the
+    local launcher; the detector report labels and scores them (the full sweep is a documented command)."""
+    proc = subprocess.run([sys.executable, "grid/launch.py", "sweep=repro", f"root={tmp_path}", "sweep.axes.sharing=[ip]",
+                           "sweep.axes.seed=[0]", "sweep.cell.steps=6", "sweep.cell.val_every=2",
+                           "sweep.cell.val_problems=8", "+sweep.cell.report=false"], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "summary: 2 finished" in proc.stdout
+    results = outcomes(tmp_path / "repro")
+    assert sorted(r.cell_id for r in results) == ["single-math-tiny-m-s0", "voting-ip-math-tiny-m-s0"]
+    for r in results:  # labels come from the run's own validation curve
+        validations = [m for m in read_jsonl(r.run_dir / "metrics.jsonl") if "val/accuracy" in m]
+        assert len(validations) == 4 and all("val/accuracy_se" in m for m in validations)
+    report = subprocess.run([sys.executable, "-m", "reports.detectors", str(tmp_path / "repro")], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert "2 cells," in report.stdout and (tmp_path / "repro" / "report" / "detectors.html").is_file()

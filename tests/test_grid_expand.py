@@ -63,7 +63,7 @@ def test_dry_run_prints_42_cells_with_gpu_resources():
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["sweep=everything"], "valid choices: full_matrix, smoke"),
+    (["sweep=everything"], "valid choices: full_matrix, repro, smoke"),
     (["sweep=smoke", "cluster=mars"], "valid choices: example_gpu, local"),
     (["sweep=smoke", "launcher=pbs"], "valid choices: local, slurm"),
     (["sweep=smoke", "sweep.axes.topology=[star]"], "unknown topology 'star' in the sweep; valid choices: eval_opt"),

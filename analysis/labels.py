@@ -93,6 +93,7 @@ def capture_labels(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) ->
     if len(roles) < 2 or len(records) <= cfg.early_steps:
         return []
     length = {role: _rolling(_series(records, f"role/{role}/response_length"), cfg.smooth) for role in roles}
+    early_len = {role: [v for v in length[role][: cfg.early_steps] if v is not None] for role in roles}
     labels = []
     for role in roles:
         job_signals = {}
@@ -103,7 +104,6 @@ def capture_labels(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) ->
                 job_signals[signal] = (mean(early), _rolling(series, cfg.smooth))
         if not job_signals:
             continue
-        early_len = {other: [v for v in length[other][: cfg.early_steps] if v is not None] for other in roles}
         streak, first = 0, None
         for i in range(cfg.early_steps, len(records)):
             fallen = [s for s, (base, now) in job_signals.items()

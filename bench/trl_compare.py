@@ -55,6 +55,7 @@ def harness_worker(spec_path: str) -> None:
     """One harness run: `steps` controller steps (rollout + instrumented update), their wall times and
     the tokens each step computed."""
     import torch
+    from probe_overhead import tokens_computed  # bench/, this script's directory
 
     from harness.controller import Controller
     from harness.engines.local import LocalEngine
@@ -77,20 +78,18 @@ def harness_worker(spec_path: str) -> None:
         started = time.perf_counter()
         result = controller.train_step(step)
         times.append(time.perf_counter() - started)
-        turns = [t for e in result.episodes for t in e.turns]
-        distinct = {(t.policy, tuple(t.prompt_ids)) for t in turns}
-        tokens.append(sum(len(ids) for _, ids in distinct) + sum(len(t.response_ids) for t in turns))
+        tokens.append(tokens_computed(result.episodes))
     print(json.dumps({"step_s": times, "tokens": tokens}))
 
 
-def run_worker(python: str, script: str, spec: dict, env: dict) -> dict:
+def run_worker(command: list, spec: dict, env: dict) -> dict:
+    """One fresh process given `spec` as a JSON file; its last stdout line is its JSON result."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(spec, handle)
-    proc = subprocess.run([python, script, *(["--worker", "harness"] if script.endswith("trl_compare.py") else []),
-                           handle.name], cwd=REPO, capture_output=True, text=True, env=env)
+    proc = subprocess.run([*command, handle.name], cwd=REPO, capture_output=True, text=True, env=env)
     os.unlink(handle.name)
     if proc.returncode != 0:
-        raise SystemExit(f"{Path(script).name} failed:\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"{' '.join(command)} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -130,9 +129,9 @@ def main() -> None:
     trl_python = str(ensure_trl_venv(args.venv))
     cfg = CellConfig()
     model_dir = prepare_model(cfg, build_task(cfg))
-    this = str(Path(__file__).resolve())
-    worker = str(Path(__file__).resolve().parent / "trl_worker.py")
-    median = lambda xs: statistics.median(xs[args.skip:])  # noqa: E731
+    harness_side = [sys.executable, str(Path(__file__).resolve()), "--worker", "harness"]
+    trl_side = [trl_python, str(Path(__file__).resolve().parent / "trl_worker.py")]
+    median = lambda xs: statistics.median(xs[args.skip:] or xs)  # noqa: E731
     print(f"harness vs TRL {TRL_PINS[0]}: median step time (generation + update) over steps "
           f"{args.skip}-{args.steps - 1}, alternating rounds, one thread each")
     print(f"{'shape (P x G x T)':<18} {'round':>5} {'harness s':>10} {'TRL s':>8} {'ratio':>6}")
@@ -145,9 +144,9 @@ def main() -> None:
             seconds = {}
             for side in order:
                 if side == "harness":
-                    out = run_worker(sys.executable, this, {"overrides": harness_overrides(shape)}, env)
+                    out = run_worker(harness_side, {"overrides": harness_overrides(shape)}, env)
                 else:
-                    out = run_worker(trl_python, worker, trl_spec(shape, model_dir, seed=round_), env)
+                    out = run_worker(trl_side, trl_spec(shape, model_dir, seed=round_), env)
                 seconds[side] = median(out["step_s"])
             ratios.append(seconds["harness"] / seconds["trl"])
             print(f"{text:<18} {round_:>5} {seconds['harness']:>10.3f} {seconds['trl']:>8.3f} {ratios[-1]:>6.3f}",
@@ -158,11 +157,10 @@ def main() -> None:
     shape = {"problems": 16, "group": 4, "tokens": 16, "steps": min(args.steps, 15)}
     per_token = {}
     for topology in ("single", "voting"):
-        out = run_worker(sys.executable, this, {"overrides": harness_overrides(shape, topology)}, env)
-        per_token[topology] = median([s / t for s, t in zip(out["step_s"], out["tokens"])]) if args.skip < len(
-            out["step_s"]) else statistics.median([s / t for s, t in zip(out["step_s"], out["tokens"])])
+        out = run_worker(harness_side, {"overrides": harness_overrides(shape, topology)}, env)
+        per_token[topology] = median([s / t for s, t in zip(out["step_s"], out["tokens"])])
         print(f"harness {topology:<7} 16x4x16: {median(out['step_s']):.3f} s per step, "
-              f"{statistics.median(out['tokens'][args.skip:]):.0f} tokens computed, "
+              f"{median(out['tokens']):.0f} tokens computed, "
               f"{per_token[topology] * 1e6:.1f} us per token")
     print(f"voting (3 voters + aggregator, IP) over single, per token computed: "
           f"{per_token['voting'] / per_token['single']:.2f}")

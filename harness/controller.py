@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from harness.algo.grpo import assign_advantages
-from harness.engines.base import lr_multiplier
+from harness.engines.base import kl_age, lr_multiplier
 from harness.instrument.gradients import gradient_metrics
 from harness.instrument.probe import GradientProbe
 from harness.instrument.rollout import rollout_metrics
@@ -87,9 +87,9 @@ class Controller:
         metrics.update(update_metrics(update))
         metrics["lr"] = self.cfg.algo.lr * lr_multiplier(self.cfg.algo, self.cfg.steps, step)
         metrics["skipped_policies"] = float(len(update.skipped))
-        if self.cfg.instrument.kl_to_base and self.cfg.instrument.kl_every > 0 and self.cfg.algo.kl_coef == 0:
-            # role/<r>/kl is measured every instrument.kl_every steps: steps since its last value
-            metrics["kl_age"] = float(step % self.cfg.instrument.kl_every)
+        age = kl_age(self.cfg, step)  # role/<r>/kl is measured on a cadence: steps since its last value
+        if age is not None:
+            metrics["kl_age"] = float(age)
         metrics["time/rollout_s"] = rollout_s
         metrics["time/update_s"] = update_s
         metrics["time/step_s"] = time.perf_counter() - started

@@ -145,13 +145,19 @@ def clip_coefficients(norms: Dict[str, float], max_norm: float, scope: str) -> D
     return {p: factor(n) if math.isfinite(n) else 1.0 for p, n in norms.items()}
 
 
-def measure_kl(cfg, step: int) -> bool:
-    """KL to the base costs a forward with the adapter off: every step when it is in the loss
-    (kl_coef > 0), else every `instrument.kl_every` steps as a metric (0: never)."""
-    if cfg.algo.kl_coef > 0:
-        return True
+def kl_age(cfg, step: int) -> Optional[int]:
+    """Steps since the KL-to-base metric was last measured, when it is measured on a cadence:
+    every `instrument.kl_every` steps. None when it is in the loss (kl_coef > 0: every step) or off."""
     every = cfg.instrument.kl_every if cfg.instrument.kl_to_base else 0
-    return every > 0 and step % every == 0
+    if cfg.algo.kl_coef > 0 or every <= 0:
+        return None
+    return step % every
+
+
+def measure_kl(cfg, step: int) -> bool:
+    """KL to the base costs a forward with the adapter off: every step when it is in the loss, else
+    on the metric's cadence (kl_age)."""
+    return cfg.algo.kl_coef > 0 or kl_age(cfg, step) == 0
 
 
 def lr_multiplier(algo, total_steps: int, step: int) -> float:

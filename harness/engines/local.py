@@ -25,8 +25,8 @@ from harness.workflows import Generation, Sampling, Turn
 
 
 def norm_of(tensors: Sequence[torch.Tensor]) -> float:
-    """The L2 norm of tensors taken as one vector (one fused call, not one per tensor)."""
-    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(tensors))))) if tensors else 0.0
+    """The L2 norm of tensors taken as one vector (torch's fused norm, as for the gradient norm)."""
+    return float(torch.nn.utils.get_total_norm(list(tensors))) if tensors else 0.0
 
 
 class LocalEngine:
@@ -96,7 +96,7 @@ class LocalEngine:
         return old
 
     def micro_batch_loss(self, batch: Sequence[Turn], norm: BatchNorm, role: str, stats: dict,
-                         old: Optional[Dict[int, torch.Tensor]] = None, measure_kl: bool = False) -> torch.Tensor:
+                         old: Optional[Dict[int, torch.Tensor]] = None, with_kl: bool = False) -> torch.Tensor:
         """Loss of one micro-batch of one role instance, normalised by its mini-batch's counts.
         A turn without `old` log-probs is on-policy: its own log-probs (detached) are the old ones, and
         are kept in `old` when given, for later epochs."""
@@ -113,7 +113,7 @@ class LocalEngine:
         advantages = torch.tensor([[t.advantage] for t in batch], dtype=torch.float32)
         policy_loss = ppo_clip_loss(log_prob, old_log_prob, advantages, ClipConfig.from_algo(algo))
         loss_mat = policy_loss.loss_mat
-        if algo.kl_coef > 0 or measure_kl:
+        if algo.kl_coef > 0 or with_kl:
             with torch.no_grad(), self.model.disable_adapter():
                 ref = self._log_probs(batch).log_prob
             kl = kl_to_reference(log_prob, ref)
@@ -126,7 +126,7 @@ class LocalEngine:
         stats["ratio"][role] += float((policy_loss.ratio * mask).sum())
         return aggregate(loss_mat, mask, algo.loss_agg, norm, role)
 
-    def _backward(self, policy: str, minibatch: MiniBatch, old, stats, probe, measure_kl: bool) -> Dict[str, float]:
+    def _backward(self, policy: str, minibatch: MiniBatch, old, stats, probe, with_kl: bool) -> Dict[str, float]:
         """Every micro-batch of one mini-batch, grouped by role instance; returns each role's loss."""
         params, size = self.params[policy], self.cfg.algo.micro_batch_size
         losses: Dict[str, float] = defaultdict(float)
@@ -135,7 +135,7 @@ class LocalEngine:
                 probe.begin(policy, slot, params)
             for start in range(0, len(group), size):
                 loss = self.micro_batch_loss(group[start: start + size], minibatch.norm, slot[0], stats, old,
-                                             measure_kl)
+                                             with_kl)
                 loss.backward()
                 losses[slot[0]] += float(loss.detach())
             if probe is not None:
@@ -179,7 +179,7 @@ class LocalEngine:
                 losses[policy] = self._backward(policy, plan[policy][k], old[policy], stats, probe, kl_now)
                 counted[policy] = (sum(stats["clipped"].values()) - clipped, sum(stats["tokens"].values()) - tokens)
                 grads = [p.grad for p in self.params[policy] if p.grad is not None]
-                norms[policy] = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+                norms[policy] = norm_of(grads)
             factors = clip_coefficients(norms, algo.max_grad_norm, algo.clip_scope)
             for policy in active:
                 params, optimizer = self.params[policy], self.optimizers[policy]

@@ -5,11 +5,15 @@ metrics; the detectors never saw them). A detector is scored against the failure
 warn of (`TARGETS`): on failing cells, **recall** is the share where its first alert came at or
 before the failure step and **lead** the steps between them; on cells with no failure at all,
 the **false-positive rate** is the share where it fired anyway. Per arm (a cell's settings less
-its seed) the failure rate comes with a 95% Wilson interval.
+its seed) the failure rate comes with a 95% Wilson interval, and each mitigated arm is compared
+with the same settings unmitigated (difference of failure rates, Newcombe 95% interval). `BAR` is
+the detector issue's validation bar (recall >= 0.8, median lead >= 10 steps, false positives <= 0.1).
 """
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -24,7 +28,7 @@ from harness.logging import read_jsonl
 
 # which failures each detector is an early warning of
 TARGETS: Dict[str, Tuple[str, ...]] = {"amplification": ("collapse",), "collapse": ("collapse",),
-                                       "capture": ("capture",), "length_drift": ("capture",)}
+                                       "capture": ("capture",), "length_drift": ("capture", "contract")}
 
 
 @dataclass
@@ -49,12 +53,37 @@ def arm_of(cfg: dict) -> str:
     return f"{head}{tail} ({cfg.get('task', '?')}, {cfg.get('scale', '?')})"
 
 
-def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig()) -> List[RunOutcome]:
+def replayed_alerts(run: Path, cell: dict) -> List[dict]:
+    """The alerts today's detectors (default settings) raise on a run's logged metrics, as they
+    would have live: the reference run is the paired single-agent run of the same sweep directory
+    (single-<task axis>-<scale>-s<seed>, the grid's id), the role -> policy map from status.json. For re-scoring a
+    sweep after the detectors changed; the run's own alerts.jsonl stays as it was."""
+    from harness.config import MonitorConfig
+    from harness.monitors import Monitor
+
+    monitors = MonitorConfig()
+    task_axis = (cell.get("extra") or {}).get("task_axis", cell.get("task"))
+    paired = run.parent / f"single-{task_axis}-{cell.get('scale')}-s{cell.get('seed')}"
+    if cell.get("topology") != "single" and (paired / "metrics.jsonl").is_file():
+        monitors.amplification.reference_run = str(paired)
+    status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
+    role_policies: Dict[str, List[str]] = {}
+    for policy, slots in (status.get("policies") or {}).items():
+        for slot in slots:
+            role = slot.split(":")[0]
+            role_policies.setdefault(role, [])
+            if policy not in role_policies[role]:
+                role_policies[role].append(policy)
+    monitor = Monitor(monitors, role_policies)
+    return [a.record() for record in read_jsonl(run / "metrics.jsonl") for a in monitor.observe(record)]
+
+
+def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False) -> List[RunOutcome]:
     results = []
     for run in find_runs(sweep):
         cell = yaml.safe_load((run / "cell.yaml").read_text()) or {}
         first: Dict[str, int] = {}
-        for alert in read_jsonl(run / "alerts.jsonl"):
+        for alert in (replayed_alerts(run, cell) if replay else read_jsonl(run / "alerts.jsonl")):
             kind, step = alert.get("kind"), alert.get("step")
             if kind in TARGETS and isinstance(step, int) and (kind not in first or step < first[kind]):
                 first[kind] = step
@@ -72,6 +101,54 @@ def wilson(k: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+# the detector issue's bar: a detector is validated when, over >= 5 seeds, it meets all three
+BAR = {"recall": 0.8, "median lead (steps)": 10.0, "false-positive rate": 0.1}
+
+
+def meets_bar(row: dict) -> str:
+    """yes / no, or "not measurable" where the sweep has no failing or no healthy cell to score it on."""
+    if not row["failing cells"] or not row["healthy cells"]:
+        return "not measurable"
+    recall, lead, fpr = (row["recall"], row["median lead (steps)"], row["false-positive rate"])
+    ok = (recall >= BAR["recall"] and not math.isnan(lead) and lead >= BAR["median lead (steps)"]
+          and fpr <= BAR["false-positive rate"])
+    return "yes" if ok else "no"
+
+
+def newcombe(k1: int, n1: int, k2: int, n2: int) -> Tuple[float, float]:
+    """95% interval of the difference of two proportions k1/n1 - k2/n2 (Newcombe's hybrid score
+    method, from the two Wilson intervals)."""
+    p1, p2 = k1 / n1, k2 / n2
+    (l1, u1), (l2, u2) = wilson(k1, n1), wilson(k2, n2)
+    d = p1 - p2
+    return d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+
+
+def mitigation_effects(results: List[RunOutcome]) -> pd.DataFrame:
+    """Each mitigated arm against the same settings without mitigation: failure rates, their
+    difference with a 95% interval, and whether the interval shows the mitigated arm lower."""
+    by_arm: Dict[str, List[RunOutcome]] = {}
+    for r in results:
+        by_arm.setdefault(r.arm, []).append(r)
+    rows = []
+    for arm, part in sorted(by_arm.items()):
+        match = re.search(r"mitigation=(\S+)", arm)
+        if not match or match.group(1) == "none":
+            continue
+        control = by_arm.get(arm.replace(match.group(0), "mitigation=none"))
+        if not control:
+            continue
+        k1, n1 = sum(bool(r.labels) for r in part), len(part)
+        k2, n2 = sum(bool(r.labels) for r in control), len(control)
+        low, high = newcombe(k1, n1, k2, n2)
+        verdict = ("lower" if high < 0 else "higher" if low > 0 else
+                   "not shown lower: the interval includes 0")
+        rows.append({"arm": arm, "failed": f"{k1}/{n1}", "without mitigation": f"{k2}/{n2}",
+                     "difference": k1 / n1 - k2 / n2, "95% CI (Newcombe)": f"[{low:+.2f}, {high:+.2f}]",
+                     "verdict": verdict})
+    return pd.DataFrame(rows)
+
+
 def detector_scores(results: List[RunOutcome]) -> pd.DataFrame:
     rows = []
     healthy = [r for r in results if not r.labels]
@@ -85,6 +162,7 @@ def detector_scores(results: List[RunOutcome]) -> pd.DataFrame:
                      "median lead (steps)": median(leads) if leads else float("nan"),
                      "healthy cells": len(healthy), "fired on healthy": false,
                      "false-positive rate": false / len(healthy) if healthy else float("nan")})
+        rows[-1]["meets the bar"] = meets_bar(rows[-1])
     return pd.DataFrame(rows)
 
 

@@ -12,6 +12,8 @@ false positives). The detectors never see them.
   `capture_drop` (relative) below its early band (the first `early_steps` steps) while its
   response length moves toward another role's (the gap to that role shrank by `capture_approach`
   of its early size), both on `smooth`-step rolling means and for `capture_patience` steps.
+- **contract** (per role): the role's format compliance falls by `capture_drop` (relative) below
+  its early band for `capture_patience` steps, wherever its length goes.
 
 Usage: python -m analysis.labels <run dir | sweep dir> ...
 """
@@ -41,7 +43,7 @@ class LabelConfig:
 
 @dataclass(frozen=True)
 class FailureLabel:
-    kind: str  # collapse | capture
+    kind: str  # collapse | capture | contract
     step: int  # first step of the failure (the first validation below the bar; the first captured step)
     role: Optional[str]
     detail: str
@@ -130,9 +132,38 @@ def capture_labels(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) ->
     return labels
 
 
+def contract_labels(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) -> List[FailureLabel]:
+    """One label per role that stops honouring its output contract: its format compliance (rolling
+    mean) below (1 - capture_drop) of its early level for `capture_patience` steps, wherever its
+    length goes (an aggregator that writes 12 tokens instead of an index has failed at its job
+    even when its length moved away from every other role's)."""
+    records = [r for r in records if "step" in r]
+    roles = sorted({k.split("/")[1] for r in records for k in r
+                    if k.startswith("role/") and k.count("/") == 2 and k.endswith("/format_ok")})
+    labels = []
+    for role in roles:
+        series = _series(records, f"role/{role}/format_ok")
+        early = [v for v in series[: cfg.early_steps] if v is not None]
+        if len(records) <= cfg.early_steps or not early or mean(early) <= 0:
+            continue
+        base, now = mean(early), _rolling(series, cfg.smooth)
+        streak, first = 0, None
+        for i in range(cfg.early_steps, len(records)):
+            if now[i] is not None and now[i] < (1 - cfg.capture_drop) * base:
+                streak, first = streak + 1, first if streak else int(records[i]["step"])
+                if streak >= cfg.capture_patience:
+                    labels.append(FailureLabel("contract", first, role,
+                                               f"{role}'s format compliance fell from {base:.2f} to below "
+                                               f"{(1 - cfg.capture_drop) * base:.2f} from step {first}"))
+                    break
+            else:
+                streak, first = 0, None
+    return labels
+
+
 def label_records(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) -> List[FailureLabel]:
     collapse = collapse_label(records, cfg)
-    return ([collapse] if collapse else []) + capture_labels(records, cfg)
+    return ([collapse] if collapse else []) + capture_labels(records, cfg) + contract_labels(records, cfg)
 
 
 def label_run(run_dir: Path, cfg: LabelConfig = LabelConfig()) -> List[FailureLabel]:

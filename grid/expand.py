@@ -111,8 +111,8 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
     bad_seeds = [s for s in axes["seed"] if isinstance(s, bool) or not str(s).lstrip("-").isdigit() or int(s) < 0]
     if bad_seeds:
         raise GridError(f"sweep.axes.seed must be non-negative integers, got {', '.join(map(str, bad_seeds))}")
-    extra_axes: Dict[str, Dict[str, Any]] = (OmegaConf.to_container(sweep.extra_axes)
-                                             if sweep.get("extra_axes") is not None else {})
+    extra_axes = _extra_axes(sweep)
+    excluded = _exclusions(sweep)
     base = OmegaConf.to_container(sweep.cell) if sweep.get("cell") is not None else {}
     cells: Dict[str, Cell] = {}
     extra_product = list(itertools.product(*[[(name, label) for label in labels]
@@ -122,14 +122,61 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
         baseline_point = {**point, "topology": "single", "sharing": "sp"}
         for extras in extra_product:
             extra = dict(extras)
+            if any(_matches({**point, **extra}, rule) for rule in excluded):
+                continue
             extra_overrides = [extra_axes[name][label] or {} for name, label in extras]
             cell = _make_cell(point, extra, base, extra_overrides, sweep.name, root, cluster)
             if sweep.get("baseline", True) and topology != "single":
                 baseline = _make_cell(baseline_point, {}, base, [], sweep.name, root, cluster)
                 cells.setdefault(baseline.cell_id, baseline)
                 cell.baseline_id = baseline.cell_id
+                _reference_drift(cell, baseline)
             cells.setdefault(cell.cell_id, cell)
     return list(cells.values())
+
+
+def _extra_axes(sweep: DictConfig) -> Dict[str, Dict[str, Any]]:
+    """`extra_axes: {name: {label: overrides}}`, or `{name: [label, ...]}` for an axis that is itself a
+    cell setting (mitigation: each label sets `mitigation=<label>`)."""
+    raw = _plain(sweep.get("extra_axes")) or {}
+    if not isinstance(raw, dict):
+        raise GridError(f"sweep.extra_axes must map an axis name to its labels, got {raw!r}")
+    axes: Dict[str, Dict[str, Any]] = {}
+    for name, values in raw.items():
+        if isinstance(values, list):
+            axes[name] = {str(label): {name: str(label)} for label in values}
+        elif isinstance(values, dict):
+            axes[name] = values
+        else:
+            raise GridError(f"sweep.extra_axes.{name} must be a list of labels or a mapping label -> overrides, "
+                            f"got {values!r}")
+    return axes
+
+
+def _exclusions(sweep: DictConfig) -> List[Dict[str, str]]:
+    """`exclude: [{sharing: sp, mitigation: role_count_scaling}, ...]`: drop every cell matching all of
+    one entry's axis values (so a sweep need not run a mitigation where it cannot act)."""
+    rules = _plain(sweep.get("exclude")) or []
+    if not isinstance(rules, list) or not all(isinstance(r, dict) and r for r in rules):
+        raise GridError(f"sweep.exclude must be a list of {{axis: value}} mappings, got {rules!r}")
+    return [{str(k): str(v) for k, v in rule.items()} for rule in rules]
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+def _matches(axes: Dict[str, Any], rule: Dict[str, str]) -> bool:
+    return all(str(axes.get(axis)) == value for axis, value in rule.items())
+
+
+def _reference_drift(cell: Cell, baseline: Cell) -> None:
+    """The amplification detector compares a cell's drift with its paired single-agent run's."""
+    monitors = cell.overrides.setdefault("monitors", {})
+    amplification = monitors.setdefault("amplification", {})
+    if amplification.get("reference_run") is None:
+        amplification["reference_run"] = str(Path(baseline.overrides["root"]) / baseline.overrides["sweep"]
+                                              / baseline.cell_id)
 
 
 def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any], extra_overrides: List[dict],

@@ -23,6 +23,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "role-balanced")
 LR_SCHEDULES = ("constant", "cosine")
 CLIP_SCOPES = ("policy", "cell")
 ADV_GROUPINGS = ("episode", "turn")
+ADV_NORMS = ("group", "agent")
 
 
 class ConfigError(ValueError):
@@ -98,7 +99,10 @@ class AlgoConfig:
     loss_agg: str = "token-mean"
     adv_grouping: str = "episode"  # episode: a role's turns share its episode's advantage; turn: per input
     norm_adv_by_std: bool = True
+    adv_norm: str = "group"  # group: GRPO's std over the group; agent: the role's std over the batch (Dr. MAS)
+    role_count_scaling: bool = False  # n same-type instances on a policy: mini-batches n x as large
     kl_coef: float = 0.0  # > 0: KL to the base model (adapter disabled)
+    kl_coef_per_role: Dict[str, float] = field(default_factory=dict)  # a role's own beta (else kl_coef)
     micro_batch_size: int = 64
     temperature: float = 1.0
     shared_prompt_forward: bool = True  # local engine: each distinct prompt runs once in the update (exact)
@@ -129,31 +133,36 @@ ACTIONS = ("log", "alert", "stop")
 
 @dataclass
 class AmplificationConfig:
-    """IP: a policy trained by several same-type instances receives their summed gradient."""
+    """A policy trained by several role instances moves faster than one instance moves a policy."""
 
     action: str = "alert"
-    min_amplification: float = 1.5  # ‖Σg_i‖ / mean‖g_i‖ of the policy's same-type instances
-    min_coherence: float = 0.8  # ‖Σg_i‖²/Σ‖g_i‖²: below this the instances cancel rather than add up
+    min_ratio: float = 1.3  # its drift ‖θ_t − θ_0‖ over the reference's at the same step
+    min_coherence: float = 0.5  # EWMA of its instances' ‖Σg_i‖²/Σ‖g_i‖²; below this they cancel out
+    min_update_ratio: float = 0.1  # EWMA of its Σ_k‖Δθ_k‖/‖θ‖ per training step: fast in absolute terms too
+    min_step: int = 3  # drift over the first steps is too small to compare
     patience: int = 5  # consecutive steps
+    reference_run: Optional[str] = None  # the paired single-agent run's dir (the grid sets it); else in-cell
 
 
 @dataclass
 class CaptureConfig:
-    """SP: one role dominates the shared gradient while another drifts out of its job."""
+    """A role leaves its contract toward another role's behaviour (SP's role capture)."""
 
     action: str = "alert"
-    share_ratio: float = 2.0  # (grad/turn share of the dominant role) / (that of the starved role)
-    patience: int = 5  # consecutive steps of dominance (smoothed)
-    baseline_steps: int = 10  # early window the victim's format and length are compared with
-    format_drop: float = 0.2  # victim's format_ok below its early level by this much
-    length_approach: float = 0.5  # or its length gap to the dominant role shrank by this fraction
+    baseline_steps: int = 10  # early band of every signal
+    ewma_alpha: float = 0.2
+    length_approach: float = 0.3  # the victim's own length closed this share of its early gap to the other's
+    contract_drop: float = 0.15  # and its format compliance or role accuracy fell by this share (relative)
+    min_share_rise: Optional[float] = None  # also ask the other role's gradient share to rise by this (off)
+    patience: int = 5
 
 
 @dataclass
 class DriftConfig:
-    """Per role: response length leaves its early-training band (EWMA z-score, both sides)."""
+    """A role whose contract is short (verdict, index, plan) changes its length: capture's early warning."""
 
     action: str = "alert"
+    roles: List[str] = field(default_factory=lambda: ["aggregator", "evaluator", "orchestrator"])
     baseline_steps: int = 10
     ewma_alpha: float = 0.2
     z_threshold: float = 5.0
@@ -164,10 +173,11 @@ class DriftConfig:
 
 @dataclass
 class CollapseConfig:
-    """Validation accuracy falls more than `margin` below its running best."""
+    """Validation accuracy below a fraction of its running best, beyond the estimate's noise."""
 
     action: str = "alert"
-    margin: float = 0.2
+    fraction: float = 0.7  # of the running best
+    se: float = 2.0  # standard errors of the difference (val/accuracy_se)
     patience: int = 2  # consecutive validations
 
 
@@ -259,6 +269,7 @@ class CellConfig:
     root: str = "runs"
     sweep: str = "default"
     cell_id: Optional[str] = None  # default: derived from the axis values
+    mitigation: str = "none"  # harness/mitigations.py: a name, or several joined by "+"
     val_every: int = 10
     val_problems: int = 32
     val_samples: int = 4  # sampled episodes per validation problem (at algo.temperature); accuracy +- its SE
@@ -290,6 +301,17 @@ def register_configs() -> None:
 
 def default_cell_id(cfg: CellConfig) -> str:
     """Readable and stable: the same axis values give the same id on every machine."""
+    tail = "" if cfg.mitigation == "none" else f"-mitigation={cfg.mitigation}"
     if cfg.topology == "single":
-        return f"single-{cfg.task}-{cfg.scale}-s{cfg.seed}"
-    return f"{cfg.topology}-{cfg.sharing}-{cfg.task}-{cfg.scale}-s{cfg.seed}"
+        return f"single-{cfg.task}-{cfg.scale}-s{cfg.seed}{tail}"
+    return f"{cfg.topology}-{cfg.sharing}-{cfg.task}-{cfg.scale}-s{cfg.seed}{tail}"
+
+
+def kl_beta(algo: AlgoConfig, role: str) -> float:
+    """A role's weight of the KL-to-base term in its loss: its own beta, else algo.kl_coef."""
+    return float(algo.kl_coef_per_role.get(role, algo.kl_coef))
+
+
+def kl_in_loss(algo: AlgoConfig) -> bool:
+    """Some role's loss has a KL-to-base term (so the reference forward runs every step)."""
+    return algo.kl_coef > 0 or any(beta > 0 for beta in algo.kl_coef_per_role.values())

@@ -77,7 +77,8 @@ class Controller:
         rollout_s = time.perf_counter() - started
         for episode in episodes:
             assign_rewards(episode, self.cfg.reward)
-        assign_advantages(episodes, self.cfg.algo.norm_adv_by_std, self.cfg.algo.adv_grouping)
+        assign_advantages(episodes, self.cfg.algo.norm_adv_by_std, self.cfg.algo.adv_grouping,
+                          norm=self.cfg.algo.adv_norm)
         probe = GradientProbe()
         update_started = time.perf_counter()
         update = self.engine.update([t for e in episodes for t in e.turns], probe, step)  # verl: + rollout weight sync

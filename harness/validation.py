@@ -21,9 +21,10 @@ from typing import Any, Dict, Optional, Sequence, Union, get_args, get_origin, g
 
 from omegaconf import OmegaConf
 
-from harness.config import (ACTIONS, ADV_GROUPINGS, CLIP_SCOPES, ENGINES, LOSS_AGG_MODES, LR_SCHEDULES,
+from harness.config import (ACTIONS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, ENGINES, LOSS_AGG_MODES, LR_SCHEDULES,
                             SHARING_MODES, TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS,
-                            CellConfig, ConfigError, default_cell_id, register_configs)
+                            CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
+from harness.mitigations import apply_mitigations, mitigation_names
 from harness.models import SCALES, TINY_POSITIONS, is_tiny, resolve_model_path
 from harness.sharing import PolicyMap
 from harness.tasks import CODE_TASKS, NEEDS_PATH, TASKS, WARMUP_TASKS
@@ -44,6 +45,7 @@ def load_config(overrides: Sequence[str]) -> CellConfig:
         cfg: CellConfig = OmegaConf.to_object(composed)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_override_error(exc)) from None
+    apply_mitigations(cfg)
     if not cfg.cell_id:
         cfg.cell_id = default_cell_id(cfg)
     validate(cfg)
@@ -64,6 +66,7 @@ def config_from_dict(values: dict) -> CellConfig:
             cfg = OmegaConf.to_object(merged)
         except (OmegaConfBaseException, ValueError) as exc:
             raise ConfigError(f"bad cell config: {str(exc).splitlines()[0]}") from None
+    apply_mitigations(cfg)
     if not cfg.cell_id:
         cfg.cell_id = default_cell_id(cfg)
     validate(cfg)
@@ -157,6 +160,9 @@ def _check_numbers(cfg: CellConfig) -> None:
     for name, value in non_negative.items():
         if not (math.isfinite(value) and value >= 0):
             raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+    for role, beta in cfg.algo.kl_coef_per_role.items():
+        if not isinstance(beta, (int, float)) or not (math.isfinite(beta) and beta >= 0):
+            raise ConfigError(f"algo.kl_coef_per_role.{role} must be a finite number >= 0, got {beta}")
     for role, weights in cfg.reward.per_role.items():
         for term, value in weights.items():
             if not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -230,6 +236,8 @@ def validate(cfg: CellConfig) -> None:
     _choose("learning-rate schedule (algo.lr_schedule)", cfg.algo.lr_schedule, LR_SCHEDULES)
     _choose("gradient clipping scope (algo.clip_scope)", cfg.algo.clip_scope, CLIP_SCOPES)
     _choose("advantage grouping (algo.adv_grouping)", cfg.algo.adv_grouping, ADV_GROUPINGS)
+    _choose("advantage normalisation (algo.adv_norm)", cfg.algo.adv_norm, ADV_NORMS)
+    mitigation_names(cfg.mitigation)
     if cfg.instrument.kl_every < 0:
         raise ConfigError(f"instrument.kl_every must be >= 0 (0: never), got {cfg.instrument.kl_every}")
     if cfg.algo.lr_warmup_steps < 0:
@@ -243,7 +251,7 @@ def validate(cfg: CellConfig) -> None:
     for name in ("amplification", "capture", "drift", "collapse", "nonfinite"):
         _choose(f"action (monitors.{name}.action)", getattr(cfg.monitors, name).action, ACTIONS)
     _choose("wandb mode (wandb.mode)", cfg.wandb.mode, ("offline", "online", "disabled"))
-    if cfg.sharing_cfg.full_finetune and cfg.algo.kl_coef > 0:
+    if cfg.sharing_cfg.full_finetune and kl_in_loss(cfg.algo):
         raise ConfigError("algo.kl_coef > 0 needs the base model as reference, which full fine-tuning changes; "
                           "use an adapter (sharing_cfg.full_finetune=false)")
     if cfg.sharing_cfg.full_finetune and cfg.sharing != "sp":

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from analysis.detector_validation import arm_failure_rates, detector_scores, outcomes, wilson
-from analysis.labels import capture_labels
+from analysis.detector_validation import (arm_failure_rates, detector_scores, mitigation_effects, newcombe, outcomes,
+                                          wilson)
+from analysis.labels import capture_labels, contract_labels
 from harness.logging import read_jsonl
 from tests.conftest import REPO
 from tests.test_analysis_reports import _open_in_chromium
@@ -49,17 +50,18 @@ def sweep(tmp_path_factory):
          [(12, "amplification"), (40, "collapse")])
     _run(sweep, "voting-ip-arith-tiny-m-s1", "voting", "ip", 1,
          _with_validations(_stream(120, **STEADY), [0.5, 0.6, 0.6, 0.6, 0.6, 0.2] + [0.1] * 6), [])
-    # voting SP: one capture (warned by capture at 60 and length drift at 55), one healthy cell with a drift alert
+    # voting SP: one capture (warned by capture at 60 and length drift at 45), one healthy cell with a drift alert
     captured = _with_validations(_stream(120, **CAPTURED), flat)
-    _run(sweep, "voting-sp-arith-tiny-m-s0", "voting", "sp", 0, captured, [(55, "length_drift"), (60, "capture")])
+    _run(sweep, "voting-sp-arith-tiny-m-s0", "voting", "sp", 0, captured, [(45, "length_drift"), (60, "capture")])
     _run(sweep, "voting-sp-arith-tiny-m-s1", "voting", "sp", 1, _with_validations(_stream(120, **STEADY), flat),
          [(30, "length_drift")])
     _run(sweep, "single-arith-tiny-m-s0", "single", "sp", 0, _with_validations(_stream(120, **STEADY), flat), [])
-    return sweep, capture_labels(captured)[0].step
+    return sweep, capture_labels(captured)[0].step, contract_labels(captured)[0].step
 
 
 def test_scores_are_what_the_constructed_sweep_holds(sweep):
-    root, capture_step = sweep
+    root, capture_step, contract_step = sweep
+    assert contract_step < capture_step  # the aggregator's format broke before its length reached the voters'
     scores = detector_scores(outcomes(root)).set_index("detector")
     amp = scores.loc["amplification"]
     assert (amp["failing cells"], amp["caught in time"], amp["recall"]) == (2, 1, 0.5)
@@ -67,7 +69,7 @@ def test_scores_are_what_the_constructed_sweep_holds(sweep):
     assert scores.loc["collapse", "recall"] == 0.0  # it fired at 40, after the failure at 30
     assert scores.loc["capture", "recall"] == 1.0 and scores.loc["capture", "median lead (steps)"] == capture_step - 60
     drift = scores.loc["length_drift"]
-    assert drift["median lead (steps)"] == capture_step - 55
+    assert drift["median lead (steps)"] == contract_step - 45  # it warns of both; the contract broke first
     assert (drift["healthy cells"], drift["fired on healthy"], drift["false-positive rate"]) == (2, 1, 0.5)
     arms = arm_failure_rates(outcomes(root)).set_index("arm")
     assert arms.loc["voting-ip (arith, tiny-m)", "failure rate"] == 1.0
@@ -84,7 +86,7 @@ def test_wilson_interval():
 
 
 def test_report_is_written_and_renders_in_chromium(sweep, tmp_path):
-    root, _ = sweep
+    root = sweep[0]
     proc = subprocess.run([sys.executable, "-m", "reports.detectors", str(root)], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -104,13 +106,15 @@ def test_a_slice_of_the_repro_sweep_runs_and_is_scored(tmp_path, warm_model_dir)
     """Two cells of `sweep=repro` (voting IP and its single-agent baseline), a few steps, through the
     local launcher; the detector report labels and scores them (the full sweep is a documented command)."""
     proc = subprocess.run([sys.executable, "grid/launch.py", "sweep=repro", f"root={tmp_path}", "sweep.axes.sharing=[ip]",
-                           "sweep.axes.seed=[0]", "sweep.cell.steps=6", "sweep.cell.val_every=2",
+                           "sweep.axes.topology=[voting]", "sweep.extra_axes.mitigation=[none]", "sweep.axes.seed=[0]", "sweep.cell.steps=6", "sweep.cell.val_every=2",
                            "sweep.cell.val_problems=8", "+sweep.cell.report=false"], cwd=REPO, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "summary: 2 finished" in proc.stdout
     results = outcomes(tmp_path / "repro")
-    assert sorted(r.cell_id for r in results) == ["single-math-tiny-m-s0", "voting-ip-math-tiny-m-s0"]
+    replayed = outcomes(tmp_path / "repro", replay=True)  # today's detectors on the logged metrics: the same alerts
+    assert [r.first_alert for r in replayed] == [r.first_alert for r in results]
+    assert sorted(r.cell_id for r in results) == ["single-math-tiny-m-s0", "voting-ip-math-tiny-m-s0-mitigation=none"]
     for r in results:  # labels come from the run's own validation curve
         validations = [m for m in read_jsonl(r.run_dir / "metrics.jsonl") if "val/accuracy" in m]
         assert len(validations) == 4 and all("val/accuracy_se" in m for m in validations)
@@ -118,3 +122,25 @@ def test_a_slice_of_the_repro_sweep_runs_and_is_scored(tmp_path, warm_model_dir)
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     assert "2 cells," in report.stdout and (tmp_path / "repro" / "report" / "detectors.html").is_file()
+
+
+def test_newcombe_interval_and_the_mitigation_verdict():
+    low, high = newcombe(0, 5, 5, 5)  # 0/5 against 5/5: clearly lower
+    assert high < 0 and -1.0 <= low < -0.5
+    low, high = newcombe(2, 5, 3, 5)  # 2/5 against 3/5: the interval includes 0
+    assert low < 0 < high
+
+
+def test_mitigated_arms_are_compared_with_the_same_arm_without(tmp_path):
+    sweep = tmp_path / "repro"
+    for seed in range(5):
+        collapse = [0.5, 0.6, 0.6, 0.2, 0.1, 0.1] + [0.1] * 6
+        flat = [0.5] * 12
+        for mitigation, accuracies in (("none", collapse), ("role_count_scaling", flat if seed else collapse)):
+            run = _run(sweep, f"voting-ip-arith-tiny-m-s{seed}-mitigation={mitigation}", "voting", "ip", seed,
+                       _with_validations(_stream(120, **STEADY), accuracies), [])
+            cell = (run / "cell.yaml").read_text().replace("task_axis: math}", f"task_axis: math, mitigation: {mitigation}}}")
+            (run / "cell.yaml").write_text(cell)
+    [row] = mitigation_effects(outcomes(sweep)).to_dict("records")
+    assert row["arm"].startswith("voting-ip mitigation=role_count_scaling") and row["failed"] == "1/5"
+    assert row["without mitigation"] == "5/5" and row["difference"] == -0.8 and row["verdict"] == "lower"

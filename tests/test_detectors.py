@@ -1,5 +1,7 @@
-"""Every detector on constructed metric streams: it fires where it must, stays silent on clean
-streams and on noise, and respects the monitor's debounce."""
+"""Every detector on constructed metric streams: it fires on the failure signature it is built for,
+stays silent where only the cell's structure (a shared policy, several same-type instances) or an
+ordinary trend (answer roles growing) is present, and respects the monitor's debounce."""
+import json
 import math
 import random
 
@@ -11,6 +13,7 @@ from harness.monitors.detectors import (AmplificationDetector, CaptureDetector, 
 CFG = MonitorConfig()
 VOTING_IP = {"voter": ["voter"], "aggregator": ["aggregator"]}
 VOTING_SP = {"voter": ["shared"], "aggregator": ["shared"]}
+EVAL_OPT_SP = {"generator": ["shared"], "evaluator": ["shared"]}
 
 
 def stream(n, make):
@@ -21,80 +24,163 @@ def fired(detector, records):
     return [a for r in records for a in detector.observe(r)]
 
 
-def voting_record(s, rng, voter_len=3.0, agg_len=2.0, agg_format=1.0, agg_grad_share=0.25, amp=2.4, coh=1.9,
-                  per_policy=3):
-    return {"role/voter/response_length": voter_len + rng.gauss(0, 0.05),
-            "role/aggregator/response_length": agg_len + rng.gauss(0, 0.05),
-            "role/voter/turn_share": 0.75, "role/aggregator/turn_share": 0.25,
-            "role/voter/grad_share": 1 - agg_grad_share, "role/aggregator/grad_share": agg_grad_share,
-            "role/voter/format_ok": 1.0, "role/aggregator/format_ok": agg_format,
-            "role/voter/amplification": amp, "role/voter/coherence": coh,
-            "role/voter/instances_per_policy": per_policy}
+def ip_voting(s, rng, voter_rate=0.3, aggregator_rate=0.3, coherence=1.4, voter_instances=3, update_ratio=0.15):
+    """IP voting's policy metrics: the voter adapter (3 instances) and the aggregator's (1), each
+    drifting at its own rate per step (sqrt growth, as Adam's steps add up)."""
+    return {"policy/voter/drift": voter_rate * math.sqrt(s + 1) * (1 + rng.gauss(0, 0.03)),
+            "policy/voter/instances": float(voter_instances), "policy/voter/coherence_mb_mean": coherence,
+            "policy/voter/update_ratio": update_ratio,
+            "policy/aggregator/drift": aggregator_rate * math.sqrt(s + 1) * (1 + rng.gauss(0, 0.03)),
+            "policy/aggregator/instances": 1.0}
 
 
-def test_amplification_fires_on_a_shared_adapter_only_after_patience():
+def test_amplification_fires_when_a_shared_adapter_outruns_its_one_instance_reference():
     rng = random.Random(0)
-    hot = stream(12, lambda s: voting_record(s, rng))
+    hot = stream(20, lambda s: ip_voting(s, rng, voter_rate=0.5))
     alerts = fired(AmplificationDetector(CFG.amplification, VOTING_IP), hot)
-    assert alerts and alerts[0].step == CFG.amplification.patience - 1 and alerts[0].role == "voter"
-    assert alerts[0].policy == "voter" and "3 voter instances" in alerts[0].message
-    # one policy per instance (ip_instance): no shared adapter, nothing to amplify
-    control = stream(12, lambda s: voting_record(s, rng, amp=1.0, coh=1.0, per_policy=1))
+    first = CFG.amplification.min_step + CFG.amplification.patience - 1
+    assert alerts and alerts[0].step == first and alerts[0].policy == "voter" and alerts[0].kind == "amplification"
+    assert "3 role instances" in alerts[0].message and "one-instance policies" in alerts[0].message
+    assert alerts[0].value > 1.5
+
+
+def test_amplification_silent_on_shared_structure_without_drift():
+    rng = random.Random(1)
+    # three voters on one adapter whose gradients add up, moving no faster than the aggregator's adapter
+    same_pace = stream(60, lambda s: ip_voting(s, rng, coherence=2.5))
+    assert not fired(AmplificationDetector(CFG.amplification, VOTING_IP), same_pace)
+    # faster, but the instances' gradients cancel out
+    cancelling = stream(60, lambda s: ip_voting(s, rng, voter_rate=0.5, coherence=0.2))
+    assert not fired(AmplificationDetector(CFG.amplification, VOTING_IP), cancelling)
+    # one adapter per voter (ip_instance): no policy has several instances
+    control = stream(60, lambda s: ip_voting(s, rng, voter_rate=0.5, voter_instances=1))
     assert not fired(AmplificationDetector(CFG.amplification, VOTING_IP), control)
-    # instances that cancel (low coherence) or a factor that dips every few steps
-    cancel = stream(12, lambda s: voting_record(s, rng, coh=0.5))
-    assert not fired(AmplificationDetector(CFG.amplification, VOTING_IP), cancel)
-    flicker = stream(30, lambda s: voting_record(s, rng, amp=2.4 if s % 4 else 1.1))
+    # faster than the reference but slow in absolute terms (each step moves it 4% of its norm: voting SP
+    # at the default lr, which outran the single agent 1.8x and did not fail in 100 steps)
+    slow = stream(60, lambda s: ip_voting(s, rng, voter_rate=0.5, update_ratio=0.04))
+    assert not fired(AmplificationDetector(CFG.amplification, VOTING_IP), slow)
+    # a gap that flickers (every fourth step at the reference's pace) never holds for `patience` steps
+    flicker = stream(60, lambda s: ip_voting(s, rng, voter_rate=0.5 if s % 4 else 0.3))
     assert not fired(AmplificationDetector(CFG.amplification, VOTING_IP), flicker)
 
 
-def test_capture_needs_dominance_and_a_victim():
-    rng = random.Random(1)
-    base = lambda s: voting_record(s, rng, agg_grad_share=0.25)
-    captured = stream(10, base) + stream(20, lambda s: voting_record(
-        s + 10, rng, agg_grad_share=0.05, agg_format=max(0.2, 1 - 0.1 * s)))
-    for i, r in enumerate(captured):
-        r["step"] = i
-    alerts = fired(CaptureDetector(CFG.capture, VOTING_SP), captured)
-    assert alerts and alerts[0].role == "aggregator" and alerts[0].policy == "shared"
-    assert "voter takes" in alerts[0].message and "output contract" in alerts[0].message
-    # the same dominance without any victim: silent
-    dominant_only = stream(30, lambda s: voting_record(s, rng, agg_grad_share=0.05))
-    assert not fired(CaptureDetector(CFG.capture, VOTING_SP), dominant_only)
-    # under IP no policy is shared by two roles: nothing to capture
-    assert not fired(CaptureDetector(CFG.capture, VOTING_IP), captured)
+def _sp_record(s, rate):
+    return {"policy/shared/drift": rate * math.sqrt(s + 1), "policy/shared/instances": 4.0,
+            "policy/shared/coherence_mb_mean": 1.0, "policy/shared/update_ratio": 0.18}
 
 
-def test_capture_by_length_moving_toward_the_dominant_role():
-    rng = random.Random(2)
-    records = stream(10, lambda s: voting_record(s, rng, voter_len=8.0, agg_len=2.0, agg_grad_share=0.1))
-    records += stream(20, lambda s: voting_record(s, rng, voter_len=8.0, agg_len=min(7.5, 2 + 0.6 * s),
-                                                  agg_grad_share=0.1))
+def test_amplification_against_the_paired_run_waits_for_it(tmp_path):
+    """SP has no one-instance policy in the cell: the reference is the paired single-agent run's
+    drift, read as that run logs it; steps it has not reached yet are judged once it has."""
+    cfg = MonitorConfig().amplification
+    cfg.reference_run = str(tmp_path / "single")
+    (tmp_path / "single").mkdir()
+    metrics = tmp_path / "single" / "metrics.jsonl"
+    detector = AmplificationDetector(cfg, VOTING_SP)
+    records = stream(20, lambda s: _sp_record(s, 0.5))
+    reference = [{"step": s, "policy/shared/drift": 0.3 * math.sqrt(s + 1), "policy/shared/instances": 1.0}
+                 for s in range(20)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in reference[:5]) + '{"step": 5, "policy/sha')
+    early = fired(detector, records[:12])  # the reference stops at step 4 and a half-written line
+    assert not early and [e["step"] for e in detector.pending][:1] == [5]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in reference))
+    late = fired(detector, records[12:])
+    assert late and late[0].step == cfg.min_step + cfg.patience - 1 and "paired single-agent run" in late[0].message
+    # the same SP stream at the reference's pace: silent; with no reference at all: silent
+    cfg_same = MonitorConfig().amplification
+    cfg_same.reference_run = cfg.reference_run
+    assert not fired(AmplificationDetector(cfg_same, VOTING_SP), stream(20, lambda s: _sp_record(s, 0.3)))
+    assert not fired(AmplificationDetector(MonitorConfig().amplification, VOTING_SP), records)
+
+
+def eval_opt(s, rng, evaluator_len=7.0, generator_len=3.0, evaluator_format=1.0, evaluator_accuracy=0.5):
+    return {"role/generator/response_length": generator_len + rng.gauss(0, 0.05),
+            "role/evaluator/response_length": evaluator_len + rng.gauss(0, 0.05),
+            "role/generator/format_ok": 1.0, "role/evaluator/format_ok": evaluator_format,
+            "role/generator/accuracy": 0.3, "role/evaluator/accuracy": evaluator_accuracy,
+            "role/generator/grad_share_mb_mean": 0.6, "role/evaluator/grad_share_mb_mean": 0.4}
+
+
+def _after(n_early, make_early, n_late, make_late):
+    records = stream(n_early, make_early) + stream(n_late, make_late)
     for i, r in enumerate(records):
         r["step"] = i
-    alerts = fired(CaptureDetector(CFG.capture, VOTING_SP), records)
-    assert alerts and "toward voter's" in alerts[0].message
+    return records
 
 
-def test_length_drift_both_sides_silent_on_noise():
+def test_capture_fires_when_a_role_leaves_its_contract_toward_another():
+    rng = random.Random(2)
+    # the evaluator's verdict shrinks to the generator's answer length while it stops following its format
+    captured = _after(10, lambda s: eval_opt(s, rng), 30, lambda s: eval_opt(
+        s, rng, evaluator_len=max(3.2, 7 - 0.4 * s), evaluator_format=max(0.1, 1 - 0.08 * s)))
+    alerts = fired(CaptureDetector(CFG.capture, EVAL_OPT_SP), captured)
+    assert alerts and alerts[0].role == "evaluator" and alerts[0].policy == "shared"
+    assert "toward generator's" in alerts[0].message and "format compliance fell" in alerts[0].message
+    assert 10 < alerts[0].step < 30
+
+
+def test_capture_is_direction_aware_and_needs_a_broken_contract():
     rng = random.Random(3)
+    detector = lambda: CaptureDetector(CFG.capture, VOTING_SP)
+    # the voters got shorter (toward the aggregator) while the aggregator kept its job: no capture
+    voters_shrink = _after(10, lambda s: {**_voting(rng), "role/voter/response_length": 8.0},
+                           40, lambda s: {**_voting(rng), "role/voter/response_length": max(2.5, 8 - 0.5 * s)})
+    assert not fired(detector(), voters_shrink)
+    # a role that grows away from the other (10 -> 30 tokens, the voters at 3) and breaks its format: not capture
+    away = _after(10, lambda s: _voting(rng, voter_len=3.0, agg_len=10.0),
+                  40, lambda s: _voting(rng, voter_len=3.0, agg_len=10 + 0.5 * s, agg_format=0.1))
+    assert not [a for a in fired(detector(), away) if a.role == "aggregator"]
+    # it moves toward the voters but still answers with an index: not capture either
+    toward_only = _after(10, lambda s: _voting(rng), 40, lambda s: _voting(rng, agg_len=min(7.5, 2 + 0.3 * s)))
+    assert not fired(detector(), toward_only)
+    # toward the voters and its format broken: capture
+    both = _after(10, lambda s: _voting(rng), 40, lambda s: _voting(rng, agg_len=min(7.5, 2 + 0.3 * s),
+                                                                     agg_format=max(0.1, 1 - 0.05 * s)))
+    alerts = fired(detector(), both)
+    assert alerts and alerts[0].role == "aggregator" and "toward voter's" in alerts[0].message
+
+
+def _voting(rng, voter_len=8.0, agg_len=2.0, agg_format=1.0):
+    return {"role/voter/response_length": voter_len + rng.gauss(0, 0.05),
+            "role/aggregator/response_length": agg_len + rng.gauss(0, 0.05),
+            "role/voter/format_ok": 1.0, "role/aggregator/format_ok": agg_format,
+            "role/voter/accuracy": 0.4, "role/aggregator/accuracy": 0.4}
+
+
+def test_length_drift_follows_each_roles_contract():
+    rng = random.Random(4)
     clean = stream(200, lambda s: {"role/aggregator/response_length": 2.0 + rng.gauss(0, 0.3)})
     assert not fired(LengthDriftDetector(CFG.drift, VOTING_IP), clean)
     grow = stream(60, lambda s: {"role/aggregator/response_length": 2.0 + (0.3 * (s - 20) if s > 20 else 0)})
     alerts = fired(LengthDriftDetector(CFG.drift, VOTING_IP), grow)
     assert alerts and "grew" in alerts[0].message and alerts[0].value > 0 and 20 < alerts[0].step < 45
-    shrink = stream(60, lambda s: {"role/voter/response_length": 12.0 - (0.5 * (s - 20) if s > 20 else 0)})
-    alerts = fired(LengthDriftDetector(CFG.drift, VOTING_IP), shrink)
+    shrink = stream(60, lambda s: {"role/evaluator/response_length": 7.0 - (0.2 * (s - 20) if s > 20 else 0)})
+    alerts = fired(LengthDriftDetector(CFG.drift, EVAL_OPT_SP), shrink)
     assert alerts and "shrank" in alerts[0].message and alerts[0].value < 0
+    # ordinary RL length growth of answer roles: the single agent 300 -> 700 tokens, voters 3 -> 12
+    single = stream(200, lambda s: {"role/single/response_length": 300 + 2 * s + rng.gauss(0, 10)})
+    assert not fired(LengthDriftDetector(CFG.drift, {"single": ["shared"]}), single)
+    voters = stream(100, lambda s: {"role/voter/response_length": 3 + 0.09 * s,
+                                    "role/aggregator/response_length": 2.0})
+    assert not fired(LengthDriftDetector(CFG.drift, VOTING_SP), voters)
 
 
-def test_collapse_from_running_best():
-    accs = [0.3, 0.5, 0.6, 0.55, 0.35, 0.3, 0.3]
-    records = [{"step": 10 * i, "val/accuracy": a} for i, a in enumerate(accs)]
-    alerts = fired(CollapseDetector(CFG.collapse), records)
-    assert [a.step for a in alerts][:1] == [50] and math.isclose(alerts[0].value, 0.3)
-    noisy = [{"step": 10 * i, "val/accuracy": 0.5 + random.Random(i).uniform(-0.08, 0.08)} for i in range(50)]
+def validations(points):
+    """(accuracy, standard error) per validation, every 10 steps."""
+    return [{"step": 10 * i, "val/accuracy": a, "val/accuracy_se": se} for i, (a, se) in enumerate(points)]
+
+
+def test_collapse_is_relative_and_beyond_noise():
+    # a low-accuracy model collapsing (0.25 -> 0.08) is caught, at its second validation below the bar
+    low = validations([(0.2, 0.03), (0.25, 0.03), (0.24, 0.03), (0.08, 0.02), (0.07, 0.02), (0.07, 0.02)])
+    alerts = fired(CollapseDetector(CFG.collapse), low)
+    assert [a.step for a in alerts][:1] == [40] and math.isclose(alerts[0].value, 0.07)
+    # the same relative fall within 2 SE of a noisy estimate is not
+    noisy = validations([(0.25, 0.12), (0.14, 0.12), (0.13, 0.12), (0.15, 0.12)])
     assert not fired(CollapseDetector(CFG.collapse), noisy)
+    # one bad validation between good ones is not
+    dip = validations([(0.5, 0.06), (0.55, 0.06), (0.3, 0.06), (0.52, 0.06), (0.3, 0.06), (0.5, 0.06)])
+    assert not fired(CollapseDetector(CFG.collapse), dip)
     assert not fired(CollapseDetector(CFG.collapse), [{"step": s} for s in range(10)])
 
 
@@ -106,22 +192,23 @@ def test_non_finite():
 
 
 def test_monitor_debounces_and_stops():
-    rng = random.Random(4)
+    rng = random.Random(5)
     cfg = MonitorConfig()
     cfg.amplification.action = "stop"
     monitor = Monitor(cfg, VOTING_IP)
-    steps_fired = [a.step for s in range(60) for a in monitor.observe({"step": s, **voting_record(s, rng)})
+    steps_fired = [a.step for s in range(60) for a in monitor.observe({"step": s, **ip_voting(s, rng, 0.5)})
                    if a.kind == "amplification"]
-    assert steps_fired == [4, 29, 54]  # patience 5, then once per debounce window of 25
+    first = cfg.amplification.min_step + cfg.amplification.patience - 1
+    assert steps_fired == [first, first + 25, first + 50]  # then once per debounce window of 25
     alerts = Monitor(cfg, VOTING_IP)
     last = []
-    for s in range(5):
-        last = alerts.observe({"step": s, **voting_record(s, rng)})
+    for s in range(first + 1):
+        last = alerts.observe({"step": s, **ip_voting(s, rng, 0.5)})
     assert stop_reason(last).startswith("amplification: gradient amplification")
     # replay rebuilds the same state: the next step behaves as in an uninterrupted stream
-    records = [{"step": s, **voting_record(s, random.Random(s))} for s in range(40)]
+    records = [{"step": s, **ip_voting(s, random.Random(s), 0.5 if s % 9 else 0.3)} for s in range(60)]
     straight = Monitor(cfg, VOTING_IP)
     expected = [a.step for r in records for a in straight.observe(r)]
     resumed = Monitor(cfg, VOTING_IP)
     resumed.replay(records[:17])
-    assert [a.step for r in records[17:] for a in resumed.observe(r)] == [s for s in expected if s >= 17]
+    assert expected and [a.step for r in records[17:] for a in resumed.observe(r)] == [s for s in expected if s >= 17]

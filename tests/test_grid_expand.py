@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from grid.expand import expand
+from grid.expand import GridError, check_cells, expand
 from grid.launch import EXIT_BAD_INPUT, compose, main
 from tests.conftest import REPO
 
@@ -63,7 +63,7 @@ def test_dry_run_prints_42_cells_with_gpu_resources():
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["sweep=everything"], "valid choices: full_matrix, repro, smoke"),
+    (["sweep=everything"], "valid choices: full_matrix, repro, repro_capture, smoke"),
     (["sweep=smoke", "cluster=mars"], "valid choices: example_gpu, local"),
     (["sweep=smoke", "launcher=pbs"], "valid choices: local, slurm"),
     (["sweep=smoke", "sweep.axes.topology=[star]"], "unknown topology 'star' in the sweep; valid choices: eval_opt"),
@@ -113,3 +113,27 @@ def test_values_off_the_direct_path_are_converted_or_refused_by_omegaconf():
         config_from_dict({"steps": "many"})
     with pytest.raises(ConfigError, match="bad cell config"):
         config_from_dict({"algo": {"learning_rate": 1e-3}})
+
+
+def test_repro_lists_mitigations_excludes_where_they_cannot_act_and_points_at_the_paired_run():
+    cfg = compose(["sweep=repro"])
+    cells = expand(cfg.sweep, cfg.cluster, "/runs")
+    assert len(cells) == 55  # 2 topologies x 5 arms x 5 seeds + 5 baselines
+    arms = sorted({(c.axes["topology"], c.axes["sharing"], c.axes.get("mitigation")) for c in cells if not c.is_baseline})
+    assert arms == sorted((t, s, m) for t in ("eval_opt", "voting") for s, m in (
+        ("ip", "none"), ("ip", "role_count_scaling"), ("ip_instance", "none"), ("sp", "none"), ("sp", "role_balanced")))
+    scaled = next(c for c in cells if c.cell_id == "voting-ip-math-tiny-m-s5-mitigation=role_count_scaling")
+    assert scaled.overrides["mitigation"] == "role_count_scaling"
+    assert scaled.overrides["monitors"]["amplification"]["reference_run"] == "/runs/repro/single-math-tiny-m-s5"
+    baseline = next(c for c in cells if c.cell_id == "single-math-tiny-m-s5")
+    assert "reference_run" not in baseline.overrides.get("monitors", {}).get("amplification", {})
+    assert [c.cell_id for c in cells].index("single-math-tiny-m-s5") < [c.cell_id for c in cells].index(scaled.cell_id)
+    check_cells(cells[:3], strict=True)
+
+
+def test_a_bad_exclusion_or_extra_axis_is_one_clear_error():
+    for override, message in (("+sweep.exclude=3", "sweep.exclude must be a list of {axis: value} mappings"),
+                              ("+sweep.extra_axes.mitigation=7", "sweep.extra_axes.mitigation must be a list")):
+        cfg = compose(["sweep=smoke", override])
+        with pytest.raises(GridError, match=message.replace("{", r"\{").replace("}", r"\}")):
+            expand(cfg.sweep, cfg.cluster, "runs")

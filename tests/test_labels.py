@@ -6,7 +6,7 @@ import random
 import subprocess
 import sys
 
-from analysis.labels import capture_labels, collapse_label, label_records
+from analysis.labels import capture_labels, collapse_label, contract_labels, label_records
 from tests.conftest import REPO
 
 
@@ -54,6 +54,18 @@ def test_capture_stays_silent_on_length_growth_alone_and_on_a_fall_without_appro
     assert capture_labels(away) == []  # its job signal fell but it did not move toward the voters
     steady = _stream(120, lengths=lambda s: 1.0, formats=lambda s: 1.0, noise=0.5, seed=3)
     assert label_records(steady + validations([0.5] * 12)) == []
+
+
+def test_contract_marks_a_role_that_stops_following_its_format_wherever_its_length_goes():
+    # the aggregator writes 12 tokens instead of an index (away from the voters' 6): contract, not capture
+    away = _stream(120, lengths=lambda s: 1.0 if s < 40 else 12.0, formats=lambda s: 1.0 if s < 40 else 0.1,
+                   noise=0.1)
+    [label] = contract_labels(away)
+    assert label.kind == "contract" and label.role == "aggregator" and 40 <= label.step <= 46, label
+    assert capture_labels(away) == []
+    # a format that wobbles (0.8-1.0) is not a broken contract
+    wobble = _stream(120, lengths=lambda s: 1.0, formats=lambda s: 0.8 if s % 3 == 0 else 1.0)
+    assert contract_labels(wobble) == []
 
 
 def test_labels_cli_reads_run_directories(tmp_path):

@@ -36,26 +36,48 @@ def _grpo(scores: List[float], keys: List[str], norm_by_std: bool, epsilon: floa
     return [a if sizes[k] > 1 else 0.0 for a, k in zip(advantages[:, 0].tolist(), keys)]
 
 
+def _agent_norm(scores: List[float], keys: List[str], roles: List[str], epsilon: float) -> List[float]:
+    """Dr. MAS's agent-wise normalisation: each score less its group's mean, divided by the standard
+    deviation of its role's scores over the whole batch (not the group's), so a role whose rewards
+    barely vary in a group is not blown up to unit scale and every agent's advantages share one scale."""
+    centred = _grpo(scores, keys, False, epsilon)
+    by_role: Dict[str, List[float]] = defaultdict(list)
+    for score, role in zip(scores, roles):
+        by_role[role].append(score)
+    std = {role: float(np.std(values, ddof=1)) if len(values) > 1 else 0.0 for role, values in by_role.items()}
+    return [a / (std[role] + epsilon) for a, role in zip(centred, roles)]
+
+
 def assign_advantages(episodes: List[Episode], norm_by_std: bool = True, grouping: str = "episode",
-                      epsilon: float = 1e-6) -> None:
-    """Writes turn.advantage for every turn of every episode."""
+                      epsilon: float = 1e-6, norm: str = "group") -> None:
+    """Writes turn.advantage for every turn of every episode. `norm`: group (GRPO: the group's std,
+    if norm_by_std) or agent (the role's std over the batch, Dr. MAS)."""
+    if norm not in ("group", "agent"):
+        raise ValueError(f"unknown advantage normalisation '{norm}'; valid: group, agent")
+
+    def advantages(scores: List[float], keys: List[str], roles: List[str]) -> List[float]:
+        if norm == "agent":
+            return _agent_norm(scores, keys, roles, epsilon)
+        return _grpo(scores, keys, norm_by_std, epsilon)
+
     if grouping == "turn":
         turns = [t for e in episodes for t in e.turns]
         keys = [f"{e.group}|{t.role}|{t.prompt}" for e in episodes for t in e.turns]
-        for turn, advantage in zip(turns, _grpo([t.reward for t in turns], keys, norm_by_std, epsilon)):
+        for turn, advantage in zip(turns, advantages([t.reward for t in turns], keys, [t.role for t in turns])):
             turn.advantage = advantage
         return
     if grouping != "episode":
         raise ValueError(f"unknown advantage grouping '{grouping}'; valid: episode, turn")
-    members: List[Tuple[List[Turn], str]] = []  # one entry per (episode, role)
+    members: List[Tuple[List[Turn], str, str]] = []  # one entry per (episode, role)
     for e in episodes:
         by_role: Dict[str, List[Turn]] = defaultdict(list)
         for t in e.turns:
             by_role[t.role].append(t)
-        members += [(turns, f"{e.group}|{role}") for role, turns in by_role.items()]
+        members += [(turns, f"{e.group}|{role}", role) for role, turns in by_role.items()]
     if not members:
         return
-    scores = [mean(t.reward for t in turns) for turns, _ in members]
-    for (turns, _), advantage in zip(members, _grpo(scores, [k for _, k in members], norm_by_std, epsilon)):
+    scores = [mean(t.reward for t in turns) for turns, _, _ in members]
+    computed = advantages(scores, [k for _, k, _ in members], [r for _, _, r in members])
+    for (turns, _, _), advantage in zip(members, computed):
         for t in turns:
             t.advantage = advantage

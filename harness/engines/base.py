@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 import torch
 
 from harness.algo.loss import BatchNorm
+from harness.config import kl_in_loss
 from harness.workflows import Generation, Sampling, Turn
 
 Slot = Tuple[str, int]
@@ -70,13 +71,16 @@ def _minibatch(turns: Sequence[Turn]) -> MiniBatch:
 
 def update_plan(samples: Sequence[Turn], algo, seed: int, step: int) -> Dict[str, List[MiniBatch]]:
     """{policy: its mini-batches in order, epoch after epoch}. Rows per mini-batch:
-    ppo_mini_batch_size x group_size; the last one of an epoch may be smaller."""
+    ppo_mini_batch_size x group_size (x the policy's same-type instances under
+    algo.role_count_scaling); the last one of an epoch may be smaller."""
     by_policy: Dict[str, List[Turn]] = defaultdict(list)
     for turn in samples:
         by_policy[turn.policy].append(turn)
-    rows_per_batch = algo.ppo_mini_batch_size * algo.group_size
     plan: Dict[str, List[MiniBatch]] = {}
     for policy, turns in by_policy.items():
+        rows_per_batch = algo.ppo_mini_batch_size * algo.group_size
+        if algo.role_count_scaling:  # n same-type instances take the optimizer steps one instance would
+            rows_per_batch *= same_type_instances(turns)
         batches: List[MiniBatch] = []
         for epoch in range(algo.ppo_epochs):
             order = list(range(len(turns)))
@@ -87,6 +91,14 @@ def update_plan(samples: Sequence[Turn], algo, seed: int, step: int) -> Dict[str
                 batches.append(_minibatch([turns[i] for i in order[start: start + rows_per_batch]]))
         plan[policy] = batches
     return plan
+
+
+def same_type_instances(turns: Sequence[Turn]) -> int:
+    """The most instances of one role among a policy's turns (3 for IP voting's voter adapter)."""
+    instances: Dict[str, set] = defaultdict(set)
+    for turn in turns:
+        instances[turn.role].add(turn.instance)
+    return max((len(v) for v in instances.values()), default=1)
 
 
 def record_minibatch(result: UpdateResult, role_loss: Dict[Tuple[str, str], float], policy: str,
@@ -149,7 +161,7 @@ def kl_age(cfg, step: int) -> Optional[int]:
     """Steps since the KL-to-base metric was last measured, when it is measured on a cadence:
     every `instrument.kl_every` steps. None when it is in the loss (kl_coef > 0: every step) or off."""
     every = cfg.instrument.kl_every if cfg.instrument.kl_to_base else 0
-    if cfg.algo.kl_coef > 0 or every <= 0:
+    if kl_in_loss(cfg.algo) or every <= 0:
         return None
     return step % every
 
@@ -157,7 +169,7 @@ def kl_age(cfg, step: int) -> Optional[int]:
 def measure_kl(cfg, step: int) -> bool:
     """KL to the base costs a forward with the adapter off: every step when it is in the loss, else
     on the metric's cadence (kl_age)."""
-    return cfg.algo.kl_coef > 0 or kl_age(cfg, step) == 0
+    return kl_in_loss(cfg.algo) or kl_age(cfg, step) == 0
 
 
 def lr_multiplier(algo, total_steps: int, step: int) -> float:

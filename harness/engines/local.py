@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from harness.algo.loss import BatchNorm, ClipConfig, aggregate, kl_to_reference, ppo_clip_loss
+from harness.config import kl_beta
 from harness.engines.adapters import attach_adapters
 from harness.engines.base import (MiniBatch, UpdateResult, clip_coefficients, finish_update, lr_multiplier,
                                   measure_kl, record_minibatch, record_step, update_plan)
@@ -113,12 +114,13 @@ class LocalEngine:
         advantages = torch.tensor([[t.advantage] for t in batch], dtype=torch.float32)
         policy_loss = ppo_clip_loss(log_prob, old_log_prob, advantages, ClipConfig.from_algo(algo))
         loss_mat = policy_loss.loss_mat
-        if algo.kl_coef > 0 or with_kl:
+        beta = kl_beta(algo, role)
+        if beta > 0 or with_kl:
             with torch.no_grad(), self.model.disable_adapter():
                 ref = self._log_probs(batch).log_prob
             kl = kl_to_reference(log_prob, ref)
-            if algo.kl_coef > 0:
-                loss_mat = loss_mat + algo.kl_coef * kl
+            if beta > 0:
+                loss_mat = loss_mat + beta * kl
             stats["kl"][role] += float((kl.detach() * mask).sum())
         stats["entropy"][role] += float((out.entropy * mask).sum())
         stats["tokens"][role] += float(mask.sum())

@@ -7,10 +7,12 @@ resumed run replays metrics.jsonl and ends in the same state. Thresholds live in
 """
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -43,113 +45,216 @@ def _roles_in(record: dict, suffix: str) -> List[str]:
                   and k.endswith("/" + suffix))
 
 
+class ReferenceDrift:
+    """Drift ‖θ_t − θ_0‖ of a single-agent run at each step, read from its metrics.jsonl as it grows
+    (the paired baseline may run beside this cell); only complete lines count."""
+
+    def __init__(self, run_dir: str):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.offset = 0
+        self.drift: Dict[int, float] = {}
+
+    def at(self, step: int) -> Optional[float]:
+        if step not in self.drift:
+            self._read()
+        return self.drift.get(step)
+
+    def _read(self) -> None:
+        if not self.path.is_file():
+            return
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            drifts = [v for k, v in record.items() if k.startswith("policy/") and k.endswith("/drift")]
+            if drifts and isinstance(record.get("step"), int):
+                self.drift[record["step"]] = sum(drifts) / len(drifts)
+
+
 class AmplificationDetector:
-    """A role whose same-type instances share one policy (IP voting: 3 voters, one adapter) and
-    whose summed gradient stays well above a single instance's while the instances add up."""
+    """A policy trained by several role instances (IP: 3 voters on one adapter; SP: every role) whose
+    drift ‖θ_t − θ_0‖ stays `min_ratio` x above a one-instance reference's at the same step while its
+    instances' gradients add up (coherence EWMA >= `min_coherence`) and each training step moves it by
+    at least `min_update_ratio` of its norm (EWMA of Σ_k‖Δθ_k‖/‖θ‖): the adapter moves faster than one
+    instance moves a policy, and fast. Reference: the paired single-agent run (`reference_run`), else
+    the median drift of the cell's own one-instance policies; with neither it stays silent. Sharing
+    alone never fires it: a shared policy that drifts like the reference is silent. The update-ratio
+    gate: at the default lr a shared policy also outruns the single agent (1.8x) without failing
+    within 100 steps, its update ratio 0.04-0.05 against 0.14-0.20 where it collapsed
+    (docs/repro-search.md)."""
 
     kind = "amplification"
 
     def __init__(self, cfg, role_policies: Dict[str, List[str]]):
         self.cfg = cfg
-        self.role_policies = role_policies
+        self.reference = ReferenceDrift(cfg.reference_run) if cfg.reference_run else None
+        self.coherence: Dict[str, Ewma] = defaultdict(lambda: Ewma(0.2))
+        self.update_ratio: Dict[str, Ewma] = defaultdict(lambda: Ewma(0.2))
         self.streak: Dict[str, int] = defaultdict(int)
+        self.pending: List[dict] = []  # steps waiting for the reference run to reach them
 
     def observe(self, record: dict) -> List[Alert]:
+        step = record["step"]
+        candidates = {}
+        for policy in _policies_in(record, "drift"):
+            coherence = record.get(f"policy/{policy}/coherence_mb_mean", record.get(f"policy/{policy}/coherence"))
+            if isinstance(coherence, (int, float)) and record.get(f"policy/{policy}/instances", 1) >= 2:
+                self.coherence[policy].update(coherence)
+                self.update_ratio[policy].update(float(record.get(f"policy/{policy}/update_ratio", 0.0)))
+                candidates[policy] = (record[f"policy/{policy}/drift"], int(record[f"policy/{policy}/instances"]))
+        singles = sorted(record[f"policy/{p}/drift"] for p in _policies_in(record, "drift")
+                         if record.get(f"policy/{p}/instances", 1) < 2)
+        in_cell = singles[len(singles) // 2] if singles else None
+        self.pending.append({"step": step, "candidates": candidates, "in_cell": in_cell,
+                             "coherence": {p: self.coherence[p].value for p in candidates},
+                             "update_ratio": {p: self.update_ratio[p].value for p in candidates}})
         alerts = []
-        for role in _roles_in(record, "amplification"):
-            if record.get(f"role/{role}/instances_per_policy", 1) < 2:
-                continue
-            amplification = record[f"role/{role}/amplification"]
-            coherence = record.get(f"role/{role}/coherence", 0.0)
-            hot = amplification >= self.cfg.min_amplification and coherence >= self.cfg.min_coherence
-            self.streak[role] = self.streak[role] + 1 if hot else 0
-            if self.streak[role] >= self.cfg.patience:
-                policy = ",".join(self.role_policies.get(role, []))
-                alerts.append(Alert(
-                    record["step"], self.kind, role, policy, amplification, self.cfg.min_amplification,
-                    f"gradient amplification: {int(record[f'role/{role}/instances_per_policy'])} {role} instances "
-                    f"on policy {policy}: their summed gradient is {amplification:.2f}x one instance's "
-                    f"(coherence {coherence:.2f}) for {self.streak[role]} steps", self.cfg.action))
+        while self.pending:
+            reference, source = self._reference(self.pending[0])
+            if reference is None and self.reference is not None:
+                break  # the paired run has not logged this step yet: keep the order, try again next step
+            alerts += self._judge(self.pending.pop(0), reference, source)
         return alerts
+
+    def _reference(self, entry: dict) -> Tuple[Optional[float], str]:
+        if self.reference is not None:
+            return self.reference.at(entry["step"]), "the paired single-agent run"
+        return entry["in_cell"], "this cell's one-instance policies"
+
+    def _judge(self, entry: dict, reference: Optional[float], source: str) -> List[Alert]:
+        alerts = []
+        for policy, (drift, instances) in entry["candidates"].items():
+            ratio = drift / reference if reference else 0.0
+            hot = (entry["step"] >= self.cfg.min_step and ratio >= self.cfg.min_ratio
+                   and (entry["coherence"][policy] or 0.0) >= self.cfg.min_coherence
+                   and (entry["update_ratio"][policy] or 0.0) >= self.cfg.min_update_ratio)
+            self.streak[policy] = self.streak[policy] + 1 if hot else 0
+            if self.streak[policy] >= self.cfg.patience:
+                alerts.append(Alert(
+                    entry["step"], self.kind, None, policy, ratio, self.cfg.min_ratio,
+                    f"gradient amplification: policy {policy}, trained by {instances} role instances, has drifted "
+                    f"{drift:.2f} from its start, {ratio:.2f}x {source} ({reference:.2f}) at step {entry['step']}, "
+                    f"for {self.streak[policy]} steps, each step moving it {entry['update_ratio'][policy]:.0%} of "
+                    f"its norm; its instances' gradients add up (coherence {entry['coherence'][policy]:.2f})",
+                    self.cfg.action))
+        return alerts
+
+
+def _policies_in(record: dict, suffix: str) -> List[str]:
+    return sorted(k.split("/")[1] for k in record if k.startswith("policy/") and k.count("/") == 2
+                  and k.endswith("/" + suffix))
+
+
+class EarlyBand:
+    """A signal's mean over a role's first `steps` records, then its EWMA."""
+
+    def __init__(self, steps: int, alpha: float):
+        self.steps, self.window, self.ewma = steps, [], Ewma(alpha)
+
+    def update(self, x: float) -> None:
+        if len(self.window) < self.steps:
+            self.window.append(x)
+        self.ewma.update(x)
+
+    @property
+    def ready(self) -> bool:
+        return len(self.window) >= self.steps
+
+    @property
+    def early(self) -> float:
+        return sum(self.window) / len(self.window)
+
+    @property
+    def now(self) -> float:
+        return self.ewma.value
 
 
 class CaptureDetector:
-    """On a policy shared by several roles: one role's gradient share stays far above its share
-    of turns while another role's format compliance falls or its length moves toward the
-    dominant role's (the evaluator starts writing code, the aggregator writes essays)."""
+    """A role leaves its contract toward another role's behaviour: its length closes `length_approach`
+    of its early gap to the other role's (on EWMAs against the first `baseline_steps`) while its format
+    compliance or role accuracy falls by `contract_drop` of its early level (the evaluator starts
+    writing code, the aggregator writes essays). Behaviour, not structure: it watches every pair of
+    roles, on a shared policy (SP, the mechanism the study names) or on separate adapters, and
+    a role that moves away from the other or past it, or the other role moving, is not capture.
+    `min_share_rise` (off by default) also asks the other role's gradient share to rise above its
+    early share: in the repro runs it did not (eval_opt SP, seed 1: the generator's share 0.5 -> 0.2
+    while the evaluator was captured)."""
 
     kind = "capture"
+    signals = ("response_length", "format_ok", "accuracy", "grad_share")
 
     def __init__(self, cfg, role_policies: Dict[str, List[str]]):
         self.cfg = cfg
-        shared: Dict[str, List[str]] = defaultdict(list)
-        for role, policies in role_policies.items():
-            for policy in policies:
-                shared[policy].append(role)
-        self.groups = {p: sorted(rs) for p, rs in shared.items() if len(rs) > 1}
-        self.ratio = defaultdict(lambda: Ewma(0.2))
-        self.format = defaultdict(lambda: Ewma(0.2))
-        self.length = defaultdict(lambda: Ewma(0.2))
-        self.baseline: Dict[str, List[Tuple[float, float]]] = defaultdict(list)  # role -> [(format, length)]
+        self.role_policies = role_policies
+        self.bands: Dict[Tuple[str, str], EarlyBand] = {}
         self.streak: Dict[Tuple[str, str], int] = defaultdict(int)
-        self.steps = 0
+
+    def _band(self, role: str, signal: str) -> EarlyBand:
+        key = (role, signal)
+        if key not in self.bands:
+            self.bands[key] = EarlyBand(self.cfg.baseline_steps, self.cfg.ewma_alpha)
+        return self.bands[key]
 
     def observe(self, record: dict) -> List[Alert]:
-        self.steps += 1
-        for role in _roles_in(record, "turn_share"):
-            fmt, length = record.get(f"role/{role}/format_ok", 1.0), record[f"role/{role}/response_length"]
-            self.format[role].update(fmt)
-            self.length[role].update(length)
-            if self.steps <= self.cfg.baseline_steps:
-                self.baseline[role].append((fmt, length))
-            turn_share = record[f"role/{role}/turn_share"]
-            if f"role/{role}/grad_share" in record and turn_share > 0:
-                self.ratio[role].update(record[f"role/{role}/grad_share"] / turn_share)
-        if self.steps <= self.cfg.baseline_steps:
-            return []
+        roles = _roles_in(record, "response_length")
+        for role in roles:
+            for signal in self.signals:
+                value = record.get(f"role/{role}/{signal}_mb_mean", record.get(f"role/{role}/{signal}"))
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._band(role, signal).update(float(value))
         alerts = []
-        for policy, roles in self.groups.items():
-            for dominant in roles:
-                ratio = self.ratio[dominant].value
-                victim, why, relative = (None, "", 0.0)
-                if ratio is not None and ratio > 1.0:
-                    victim, why, relative = self._victim(dominant, ratio, roles)
-                key = (policy, dominant)
-                self.streak[key] = self.streak[key] + 1 if victim else 0
+        for victim in roles:
+            for other in roles:
+                if other == victim:
+                    continue
+                why = self._captured(victim, other)
+                key = (victim, other)
+                self.streak[key] = self.streak[key] + 1 if why else 0
                 if self.streak[key] >= self.cfg.patience:
-                    alerts.append(Alert(
-                        record["step"], self.kind, victim, policy, relative, self.cfg.share_ratio,
-                        f"role capture on policy {policy}: {dominant} takes {ratio:.2f}x its turn share of the "
-                        f"gradient, {victim} {self.ratio[victim].value:.2f}x; {victim} {why}", self.cfg.action))
+                    policies = sorted(set(self.role_policies.get(victim, [])) | set(self.role_policies.get(other, [])))
+                    where = (f"on shared policy {policies[0]}" if len(policies) == 1 else
+                             f"on separate policies {', '.join(policies)}")
+                    alerts.append(Alert(record["step"], self.kind, victim, ",".join(policies), self.streak[key],
+                                        self.cfg.patience, f"role capture {where}: {why}", self.cfg.action))
         return alerts
 
-    def _victim(self, dominant: str, ratio: float, roles: Sequence[str]) -> Tuple[Optional[str], str, float]:
-        """A role starved of gradient relative to `dominant` that also shows a symptom."""
-        for role in roles:
-            if role == dominant or not self.baseline[role] or self.ratio[role].value is None:
-                continue
-            relative = ratio / max(self.ratio[role].value, 1e-3)
-            if relative < self.cfg.share_ratio:
-                continue
-            base_format = sum(f for f, _ in self.baseline[role]) / len(self.baseline[role])
-            if self.format[role].value <= base_format - self.cfg.format_drop:
-                return role, f"follows its output contract {self.format[role].value:.0%} of the time " \
-                             f"(was {base_format:.0%})", relative
-            base_gap = abs(_mean_length(self.baseline[role]) - _mean_length(self.baseline[dominant]))
-            gap = abs(self.length[role].value - self.length[dominant].value)
-            if base_gap > 0 and gap <= (1 - self.cfg.length_approach) * base_gap:
-                return role, f"answers at {self.length[role].value:.1f} tokens, toward {dominant}'s " \
-                             f"{self.length[dominant].value:.1f} (gap {base_gap:.1f} -> {gap:.1f})", relative
-        return None, "", 0.0
-
-
-def _mean_length(window: List[Tuple[float, float]]) -> float:
-    return sum(length for _, length in window) / len(window) if window else 0.0
+    def _captured(self, victim: str, other: str) -> Optional[str]:
+        length, other_length = self._band(victim, "response_length"), self._band(other, "response_length")
+        if not (length.ready and other_length.ready):
+            return None
+        early_gap = other_length.early - length.early
+        gap = other_length.early - length.now
+        # toward: its own length closed `length_approach` of the gap to the other's *early* length (so the
+        # other role moving is not the victim moving; moving away or far past never qualifies)
+        if abs(early_gap) < 1e-9 or abs(gap) > (1 - self.cfg.length_approach) * abs(early_gap):
+            return None
+        falls = []
+        for signal, name in (("format_ok", "format compliance"), ("accuracy", "role accuracy")):
+            band = self._band(victim, signal)
+            if band.ready and band.early > 0 and band.now <= (1 - self.cfg.contract_drop) * band.early:
+                falls.append(f"its {name} fell {band.early:.2f} -> {band.now:.2f}")
+        if not falls:
+            return None
+        share = self._band(other, "grad_share")
+        if self.cfg.min_share_rise is not None and share.ready and share.now < share.early + self.cfg.min_share_rise:
+            return None
+        share_text = f"; {other}'s gradient share {share.early:.2f} -> {share.now:.2f}" if share.ready else ""
+        return (f"{victim} answers at {length.now:.1f} tokens (was {length.early:.1f}), toward {other}'s "
+                f"{other_length.early:.1f}, and " + " and ".join(falls) + share_text)
 
 
 class LengthDriftDetector:
-    """Per role: the response length's EWMA leaves the band of its first `baseline_steps`
-    steps by more than z_threshold baseline spreads, on either side."""
+    """A role whose contract fixes a short output (`roles`: a verdict, an index, a plan) changes its
+    length: the EWMA leaves its early band by `z_threshold` spreads, either way (an aggregator writing
+    essays; an evaluator shortening its verdict to the generator's answer). Capture's early warning.
+    Answer roles (generator, voter, worker, the single agent) may grow or shrink as RL reshapes their
+    reasoning: never an alert on their own."""
 
     kind = "length_drift"
 
@@ -163,6 +268,8 @@ class LengthDriftDetector:
     def observe(self, record: dict) -> List[Alert]:
         alerts = []
         for role in _roles_in(record, "response_length"):
+            if role not in self.cfg.roles:
+                continue
             length = record[f"role/{role}/response_length"]
             window = self.window[role]
             if len(window) < self.cfg.baseline_steps:
@@ -175,37 +282,47 @@ class LengthDriftDetector:
             z = (self.ewma[role].update(length) - mean) / spread
             self.streak[role] = self.streak[role] + 1 if abs(z) >= self.cfg.z_threshold else 0
             if self.streak[role] >= self.cfg.patience:
-                direction = "grew" if z > 0 else "shrank"
                 alerts.append(Alert(
                     record["step"], self.kind, role, ",".join(self.role_policies.get(role, [])), z,
                     self.cfg.z_threshold,
-                    f"{role} response length {direction} to {self.ewma[role].value:.1f} tokens "
+                    f"{role} (a short-contract role) {'grew' if z > 0 else 'shrank'} its answers to "
+                    f"{self.ewma[role].value:.1f} tokens "
                     f"(early band {mean:.1f} ± {spread:.1f}, z = {z:+.1f})", self.cfg.action))
         return alerts
 
 
 class CollapseDetector:
-    """Validation accuracy below its running best by more than `margin`, `patience` times in a row."""
+    """Validation accuracy below `fraction` of its running best by more than `se` standard errors of
+    the difference, `patience` validations in a row: relative, so a low-accuracy model's collapse
+    (0.25 -> 0.08) counts, and with the estimate's noise, so one unlucky sample does not. It confirms
+    a collapse (the same rule as analysis.labels); the amplification alert is the early warning."""
 
     kind = "collapse"
 
     def __init__(self, cfg, role_policies=None):
         self.cfg = cfg
-        self.best: Optional[float] = None
+        self.best: Optional[Tuple[float, float]] = None  # (accuracy, its standard error)
         self.streak = 0
 
     def observe(self, record: dict) -> List[Alert]:
         accuracy = record.get("val/accuracy")
         if accuracy is None or not isinstance(accuracy, (int, float)):
             return []
-        self.best = accuracy if self.best is None else max(self.best, accuracy)
-        drop = self.best - accuracy
-        self.streak = self.streak + 1 if drop > self.cfg.margin else 0
-        if self.streak >= self.cfg.patience:
-            return [Alert(record["step"], self.kind, None, None, drop, self.cfg.margin,
-                          f"late collapse: validation accuracy {accuracy:.2f} is {drop:.2f} below its best "
-                          f"{self.best:.2f}", self.cfg.action)]
-        return []
+        se = float(record.get("val/accuracy_se") or 0.0)
+        alerts = []
+        if self.best is not None:
+            best, best_se = self.best
+            noise = self.cfg.se * math.sqrt(best_se ** 2 + se ** 2)
+            low = accuracy < self.cfg.fraction * best and best - accuracy > noise
+            self.streak = self.streak + 1 if low else 0
+            if self.streak >= self.cfg.patience:
+                alerts.append(Alert(record["step"], self.kind, None, None, accuracy, self.cfg.fraction * best,
+                                    f"collapse: validation accuracy {accuracy:.2f} is below {self.cfg.fraction:.0%} "
+                                    f"of its best {best:.2f} by more than {self.cfg.se:g} SE ({noise:.2f}), "
+                                    f"{self.streak} validations in a row", self.cfg.action))
+        if self.best is None or accuracy > self.best[0]:
+            self.best = (float(accuracy), se)
+        return alerts
 
 
 class NonFiniteDetector:

@@ -92,8 +92,9 @@ class PolicyWorker(TrainingWorker):
         loss_mat = policy_loss.loss_mat
         if "ref_log_prob" in padded.keys():
             kl = kl_to_reference(log_prob, padded["ref_log_prob"].to(log_prob.dtype))
-            if h["kl_coef"] > 0:
-                loss_mat = loss_mat + h["kl_coef"] * kl
+            beta = h["kl_coef_per_role"].get(role, h["kl_coef"])
+            if beta > 0:
+                loss_mat = loss_mat + beta * kl
             self._stats["kl"][role] += float((kl.detach() * mask).sum())
         if "entropy" in model_output:
             entropy = no_padding_2_padding(model_output["entropy"], data).to(log_prob.dtype)

@@ -1,0 +1,73 @@
+"""Mitigations of the two failure modes, chosen per cell as `mitigation=<name>[+<name>...]` and so
+usable as a grid axis (`sweep.extra_axes: {mitigation: [none, role_count_scaling]}`).
+
+Each name sets the knobs that implement it (they can also be set directly):
+
+| mitigation | against | knobs | what the update does |
+| --- | --- | --- | --- |
+| `role_count_scaling` | amplification (IP) | `algo.role_count_scaling=true` | a policy trained by n same-type instances (3 voters) cuts its rows into mini-batches of n x `ppo_mini_batch_size` problems, so it takes the optimizer steps one instance would (each on all n instances' rows). A loss weight of 1/n would not do it: Adam divides the scale out, so the step count is what moves the adapter |
+| `kl_anchor` | amplification, capture | `algo.kl_coef=0.05` (if 0), per role `algo.kl_coef_per_role.<role>` | loss += β_role · KL(π_θ ‖ π_base) per token (verl's low-variance estimator), the base being the adapter switched off |
+| `role_balanced` | capture (SP) | `algo.loss_agg=role-balanced` | L = (1/|R|) Σ_r token-mean over role r's tokens, so a role's weight no longer grows with its tokens |
+| `agent_norm` | capture (SP) | `algo.adv_norm=agent` | A = (s − mean of the group's scores of that role) / std of the role's scores over the whole batch (Dr. MAS), instead of the group's own std |
+| `length_penalty` | capture (SP) | `reward.per_role.<role>.length=-0.05` for the short-contract roles (aggregator, evaluator, orchestrator) unless set | r_turn −= 0.05 per response token of a role whose contract is a verdict, an index or a plan |
+
+`coherence_reg` (penalise the coherent part of same-type gradients) is not built yet.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+from harness.config import CellConfig, ConfigError
+
+KL_ANCHOR_BETA = 0.05
+LENGTH_PENALTY = -0.05
+SHORT_CONTRACT_ROLES = ("aggregator", "evaluator", "orchestrator")
+
+
+def _role_count_scaling(cfg: CellConfig) -> None:
+    cfg.algo.role_count_scaling = True
+
+
+def _kl_anchor(cfg: CellConfig) -> None:
+    if cfg.algo.kl_coef <= 0:
+        cfg.algo.kl_coef = KL_ANCHOR_BETA
+
+
+def _role_balanced(cfg: CellConfig) -> None:
+    cfg.algo.loss_agg = "role-balanced"
+
+
+def _agent_norm(cfg: CellConfig) -> None:
+    cfg.algo.adv_norm = "agent"
+
+
+def _length_penalty(cfg: CellConfig) -> None:
+    for role in SHORT_CONTRACT_ROLES:
+        weights = dict(cfg.reward.per_role.get(role, {}))
+        weights.setdefault("length", LENGTH_PENALTY)
+        cfg.reward.per_role[role] = weights
+
+
+MITIGATIONS: Dict[str, Callable[[CellConfig], None]] = {
+    "none": lambda cfg: None,
+    "role_count_scaling": _role_count_scaling,
+    "kl_anchor": _kl_anchor,
+    "role_balanced": _role_balanced,
+    "agent_norm": _agent_norm,
+    "length_penalty": _length_penalty,
+}
+
+
+def mitigation_names(value: str) -> List[str]:
+    names = [n.strip() for n in str(value).split("+") if n.strip()] or ["none"]
+    unknown = [n for n in names if n not in MITIGATIONS]
+    if unknown:
+        raise ConfigError(f"unknown mitigation '{unknown[0]}'; valid choices: {', '.join(MITIGATIONS)} "
+                          f"(several joined by '+')")
+    return names
+
+
+def apply_mitigations(cfg: CellConfig) -> None:
+    """Set the knobs of every mitigation named in cfg.mitigation (idempotent)."""
+    for name in mitigation_names(cfg.mitigation):
+        MITIGATIONS[name](cfg)

@@ -86,6 +86,15 @@ def test_amplification_against_the_paired_run_waits_for_it(tmp_path):
     metrics.write_text("".join(json.dumps(r) + "\n" for r in reference))
     late = fired(detector, records[12:])
     assert late and late[0].step == cfg.min_step + cfg.patience - 1 and "paired single-agent run" in late[0].message
+    # a paired run that finished short of this cell's steps is not waited for: the cell's own
+    # one-instance policies take over (IP voting's aggregator adapter here)
+    (tmp_path / "single" / "status.json").write_text('{"state": "finished", "step": 20}')
+    ip_cfg = MonitorConfig().amplification
+    ip_cfg.reference_run = cfg.reference_run
+    rng = random.Random(7)
+    longer = stream(30, lambda s: ip_voting(s, rng, voter_rate=0.3 if s < 20 else 0.6))
+    tail = fired(AmplificationDetector(ip_cfg, VOTING_IP), longer)
+    assert tail and tail[0].step >= 20 and "one-instance policies" in tail[0].message
     # the same SP stream at the reference's pace: silent; with no reference at all: silent
     cfg_same = MonitorConfig().amplification
     cfg_same.reference_run = cfg.reference_run

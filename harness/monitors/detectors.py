@@ -59,6 +59,18 @@ class ReferenceDrift:
             self._read()
         return self.drift.get(step)
 
+    def ended_before(self, step: int) -> bool:
+        """The paired run is over (finished, stopped early or diverged) without reaching `step`: it
+        never will, so waiting for it is pointless (a failed run may still be resumed: keep waiting)."""
+        status_file = self.path.parent / "status.json"
+        try:
+            status = json.loads(status_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            return False
+        self._read()
+        return (status.get("state") in ("finished", "stopped_early", "diverged")
+                and step not in self.drift and all(s < step for s in self.drift))
+
     def _read(self) -> None:
         if not self.path.is_file():
             return
@@ -117,15 +129,17 @@ class AmplificationDetector:
         alerts = []
         while self.pending:
             reference, source = self._reference(self.pending[0])
-            if reference is None and self.reference is not None:
+            if reference is None and source == "the paired single-agent run":
                 break  # the paired run has not logged this step yet: keep the order, try again next step
             alerts += self._judge(self.pending.pop(0), reference, source)
         return alerts
 
     def _reference(self, entry: dict) -> Tuple[Optional[float], str]:
         if self.reference is not None:
-            return self.reference.at(entry["step"]), "the paired single-agent run"
-        return entry["in_cell"], "this cell's one-instance policies"
+            value = self.reference.at(entry["step"])
+            if value is not None or not self.reference.ended_before(entry["step"]):
+                return value, "the paired single-agent run"
+        return entry["in_cell"], "this cell's one-instance policies"  # none, or it ended short of this step
 
     def _judge(self, entry: dict, reference: Optional[float], source: str) -> List[Alert]:
         alerts = []

@@ -35,6 +35,12 @@ class Resources:
     def label(self) -> str:
         return f"{self.nodes}n {self.gpus}g {self.cpus}c {self.mem_gb}G {self.time_min}m"
 
+    @property
+    def gpu_hours(self) -> float:
+        """GPU-hours the cell reserves: every GPU of its nodes for its whole time limit (an upper
+        bound on what it uses: a cell that finishes early gives its GPUs back)."""
+        return self.nodes * self.gpus * self.time_min / 60
+
 
 @dataclass
 class Cell:
@@ -233,9 +239,9 @@ def check_cells(cells: List[Cell], strict: bool) -> None:
 
 
 def table(cells: List[Cell]) -> str:
-    rows: List[Tuple[str, ...]] = [("cell", "baseline", "resources", "task", "check")]
+    rows: List[Tuple[str, ...]] = [("cell", "baseline", "resources", "GPU-h", "task", "check")]
     for c in cells:
-        rows.append((c.cell_id, c.baseline_id or "-", c.resources.label(), c.overrides["task"],
-                     "; ".join(c.notes) or "ok"))
+        rows.append((c.cell_id, c.baseline_id or "-", c.resources.label(), f"{c.resources.gpu_hours:g}",
+                     c.overrides["task"], "; ".join(c.notes) or "ok"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows)

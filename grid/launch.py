@@ -2,7 +2,7 @@
 
     action=launch   expand the sweep, validate every cell, submit what is not done (idempotent)
     action=status   print each cell's state, step, failure reason and log path
-    dry_run=true    print the cells with their resources and checks; submit nothing
+    dry_run=true    print the cells with their resources, GPU-hours reserved and checks; submit nothing
 
 Every axis can be overridden: `sweep.axes.seed=[0,1,2]`, `sweep.axes.topology=[voting]`,
 `sweep.cell.steps=50`, `'+sweep.extra_axes.mitigation={none:{},balanced:{algo:{loss_agg:role-balanced}}}'`.
@@ -127,9 +127,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             check_cells(cells, strict=False)
             print(table(cells))
             n_base = sum(c.is_baseline for c in cells)
+            gpu_hours = sum(c.resources.gpu_hours for c in cells)
             print(f"{len(cells)} cells: {len(cells) - n_base} multi-agent + {n_base} single-agent baselines "
                   f"(sweep {cfg.sweep.name}, launcher {cfg.launcher.name}, cluster {cfg.cluster.name}); "
-                  f"dry run: nothing submitted")
+                  f"{gpu_hours:g} GPU-hours reserved (GPUs x time limit, an upper bound); dry run: nothing submitted")
             return 0
         check_cells(cells, strict=True)  # every problem surfaces before the first submission
         if cfg.action == "status":

@@ -56,14 +56,17 @@ def arm_of(cfg: dict) -> str:
 def replayed_alerts(run: Path, cell: dict) -> List[dict]:
     """The alerts today's detectors (default settings) raise on a run's logged metrics, as they
     would have live: the reference run is the paired single-agent run of the same sweep directory
-    (single-<task axis>-<scale>-s<seed>, the grid's id), the role -> policy map from status.json. For re-scoring a
+    (the grid's id for it), the role -> policy map from status.json. For re-scoring a
     sweep after the detectors changed; the run's own alerts.jsonl stays as it was."""
     from harness.config import MonitorConfig
     from harness.monitors import Monitor
 
+    from grid.expand import cell_id
+
     monitors = MonitorConfig()
     task_axis = (cell.get("extra") or {}).get("task_axis", cell.get("task"))
-    paired = run.parent / f"single-{task_axis}-{cell.get('scale')}-s{cell.get('seed')}"
+    paired = run.parent / cell_id({"topology": "single", "task": task_axis, "scale": cell.get("scale"),
+                                   "seed": cell.get("seed")}, {})
     if cell.get("topology") != "single" and (paired / "metrics.jsonl").is_file():
         monitors.amplification.reference_run = str(paired)
     status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}

@@ -24,9 +24,10 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import mean
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from harness.logging import read_jsonl
+from harness.monitors.detectors import significantly_below
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,7 @@ def collapse_label(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) ->
     run: List[tuple] = []
     for step, accuracy, se in validations:
         if best is not None:
-            gap = best - accuracy
-            below = (accuracy < cfg.collapse_fraction * best
-                     and gap > cfg.collapse_se * math.sqrt(se ** 2 + best_se ** 2))
+            below = significantly_below(accuracy, se, best, best_se, cfg.collapse_fraction, cfg.collapse_se)
             run = run + [(step, accuracy, best)] if below else []
             if len(run) >= cfg.collapse_patience:
                 first, low, peak = run[0]
@@ -87,11 +86,30 @@ def _series(records: Sequence[dict], key: str) -> List[Optional[float]]:
             for r in records]
 
 
+def _roles_with(records: Sequence[dict], suffix: str) -> List[str]:
+    return sorted({k.split("/")[1] for r in records for k in r
+                   if k.startswith("role/") and k.count("/") == 2 and k.endswith("/" + suffix)})
+
+
+def _first_streak(records: Sequence[dict], start: int, patience: int, hit: Callable[[int], Any]):
+    """(first step, last hit) of the first `patience` records in a row from index `start` where
+    `hit(i)` is truthy, or None."""
+    streak, first = 0, None
+    for i in range(start, len(records)):
+        found = hit(i)
+        if not found:
+            streak, first = 0, None
+            continue
+        streak, first = streak + 1, first if streak else int(records[i]["step"])
+        if streak >= patience:
+            return first, found
+    return None
+
+
 def capture_labels(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) -> List[FailureLabel]:
     """One label per captured role: its job signal fell while its length moved toward another role's."""
     records = [r for r in records if "step" in r]
-    roles = sorted({k.split("/")[1] for r in records for k in r
-                    if k.startswith("role/") and k.count("/") == 2 and k.endswith("/response_length")})
+    roles = _roles_with(records, "response_length")
     if len(roles) < 2 or len(records) <= cfg.early_steps:
         return []
     length = {role: _rolling(_series(records, f"role/{role}/response_length"), cfg.smooth) for role in roles}
@@ -106,8 +124,8 @@ def capture_labels(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) ->
                 job_signals[signal] = (mean(early), _rolling(series, cfg.smooth))
         if not job_signals:
             continue
-        streak, first = 0, None
-        for i in range(cfg.early_steps, len(records)):
+
+        def captured(i: int, role: str = role, job_signals: dict = job_signals):
             fallen = [s for s, (base, now) in job_signals.items()
                       if now[i] is not None and now[i] < (1 - cfg.capture_drop) * base]
             toward = []
@@ -119,16 +137,15 @@ def capture_labels(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) ->
                 gap = abs(length[role][i] - length[other][i])
                 if early_gap > 0 and gap <= (1 - cfg.capture_approach) * early_gap:
                     toward.append(other)
-            if fallen and toward:
-                streak, first = streak + 1, first if streak else int(records[i]["step"])
-                if streak >= cfg.capture_patience:
-                    labels.append(FailureLabel("capture", first, role,
-                                               f"{role}'s {' and '.join(fallen)} fell by > {cfg.capture_drop:.0%} "
-                                               f"of its early level while its length moved toward "
-                                               f"{', '.join(toward)}'s, from step {first}"))
-                    break
-            else:
-                streak, first = 0, None
+            return (fallen, toward) if fallen and toward else None
+
+        found = _first_streak(records, cfg.early_steps, cfg.capture_patience, captured)
+        if found:
+            first, (fallen, toward) = found
+            labels.append(FailureLabel("capture", first, role,
+                                       f"{role}'s {' and '.join(fallen)} fell by > {cfg.capture_drop:.0%} "
+                                       f"of its early level while its length moved toward "
+                                       f"{', '.join(toward)}'s, from step {first}"))
     return labels
 
 
@@ -138,26 +155,20 @@ def contract_labels(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) -
     length goes (an aggregator that writes 12 tokens instead of an index has failed at its job
     even when its length moved away from every other role's)."""
     records = [r for r in records if "step" in r]
-    roles = sorted({k.split("/")[1] for r in records for k in r
-                    if k.startswith("role/") and k.count("/") == 2 and k.endswith("/format_ok")})
     labels = []
-    for role in roles:
+    for role in _roles_with(records, "format_ok"):
         series = _series(records, f"role/{role}/format_ok")
         early = [v for v in series[: cfg.early_steps] if v is not None]
         if len(records) <= cfg.early_steps or not early or mean(early) <= 0:
             continue
         base, now = mean(early), _rolling(series, cfg.smooth)
-        streak, first = 0, None
-        for i in range(cfg.early_steps, len(records)):
-            if now[i] is not None and now[i] < (1 - cfg.capture_drop) * base:
-                streak, first = streak + 1, first if streak else int(records[i]["step"])
-                if streak >= cfg.capture_patience:
-                    labels.append(FailureLabel("contract", first, role,
-                                               f"{role}'s format compliance fell from {base:.2f} to below "
-                                               f"{(1 - cfg.capture_drop) * base:.2f} from step {first}"))
-                    break
-            else:
-                streak, first = 0, None
+        bar = (1 - cfg.capture_drop) * base
+        found = _first_streak(records, cfg.early_steps, cfg.capture_patience,
+                              lambda i, now=now, bar=bar: now[i] is not None and now[i] < bar)
+        if found:
+            labels.append(FailureLabel("contract", found[0], role,
+                                       f"{role}'s format compliance fell from {base:.2f} to below "
+                                       f"{bar:.2f} from step {found[0]}"))
     return labels
 
 

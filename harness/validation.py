@@ -45,11 +45,7 @@ def load_config(overrides: Sequence[str]) -> CellConfig:
         cfg: CellConfig = OmegaConf.to_object(composed)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_override_error(exc)) from None
-    apply_mitigations(cfg)
-    if not cfg.cell_id:
-        cfg.cell_id = default_cell_id(cfg)
-    validate(cfg)
-    return cfg
+    return _complete(cfg)
 
 
 def config_from_dict(values: dict) -> CellConfig:
@@ -66,15 +62,20 @@ def config_from_dict(values: dict) -> CellConfig:
             cfg = OmegaConf.to_object(merged)
         except (OmegaConfBaseException, ValueError) as exc:
             raise ConfigError(f"bad cell config: {str(exc).splitlines()[0]}") from None
+    return _complete(cfg)
+
+
+class _NotPlain(Exception):
+    """A value the direct path does not take as it is (OmegaConf decides)."""
+
+
+def _complete(cfg: CellConfig) -> CellConfig:
+    """What both ways in do after reading: the mitigations' knobs, the default id, validation."""
     apply_mitigations(cfg)
     if not cfg.cell_id:
         cfg.cell_id = default_cell_id(cfg)
     validate(cfg)
     return cfg
-
-
-class _NotPlain(Exception):
-    """A value the direct path does not take as it is (OmegaConf decides)."""
 
 
 @lru_cache(maxsize=None)

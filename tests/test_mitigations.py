@@ -135,10 +135,15 @@ def test_role_count_scaling_in_a_real_run_slows_the_voter_adapter_to_one_instanc
     scaled = _metrics(tmp_path, *common, "mitigation=role_count_scaling")
     assert all(m["policy/voter/optimizer_steps"] == 12 for m in plain)
     assert all(m["policy/voter/optimizer_steps"] == 4 == m["policy/aggregator/optimizer_steps"] for m in scaled)
-    ratio_plain = plain[-1]["policy/voter/drift"] / plain[-1]["policy/aggregator/drift"]
-    ratio_scaled = scaled[-1]["policy/voter/drift"] / scaled[-1]["policy/aggregator/drift"]
-    print(f"voter/aggregator adapter drift after 6 steps: {ratio_plain:.2f} plain, {ratio_scaled:.2f} scaled")
-    assert ratio_plain > 1.3 and ratio_scaled < 0.8 * ratio_plain
+    # step 0: both runs roll out the same episodes from the same weights, so the adapters' first
+    # moves compare like for like (later steps see different voters' outputs, hence other data)
+    first_plain = plain[0]["policy/voter/drift"] / plain[0]["policy/aggregator/drift"]
+    first_scaled = scaled[0]["policy/voter/drift"] / scaled[0]["policy/aggregator/drift"]
+    slowed = scaled[-1]["policy/voter/drift"] / plain[-1]["policy/voter/drift"]
+    print(f"voter/aggregator drift after step 0: {first_plain:.2f} plain, {first_scaled:.2f} scaled; "
+          f"voter drift after 6 steps, scaled/plain: {slowed:.2f}")
+    assert first_plain > 1.3 and 0.8 < first_scaled < 1.25
+    assert slowed < 0.8
 
 
 def _metrics(tmp_path, *overrides):

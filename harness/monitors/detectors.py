@@ -39,10 +39,21 @@ class Ewma:
         return self.value
 
 
-def _roles_in(record: dict, suffix: str) -> List[str]:
-    """Role names that have `role/<name>/<suffix>` in the record (instance keys excluded)."""
-    return sorted(k.split("/")[1] for k in record if k.startswith("role/") and k.count("/") == 2
+def _names_in(record: dict, kind: str, suffix: str) -> List[str]:
+    """Names that have `<kind>/<name>/<suffix>` in the record (kind: role or policy; instance keys excluded)."""
+    return sorted(k.split("/")[1] for k in record if k.startswith(kind + "/") and k.count("/") == 2
                   and k.endswith("/" + suffix))
+
+
+def _roles_in(record: dict, suffix: str) -> List[str]:
+    return _names_in(record, "role", suffix)
+
+
+def significantly_below(accuracy: float, se: float, best: float, best_se: float, fraction: float,
+                        n_se: float) -> bool:
+    """A validation accuracy under `fraction` of the running best by more than `n_se` standard errors
+    of the difference: the collapse rule of both the detector and the failure label."""
+    return accuracy < fraction * best and best - accuracy > n_se * math.sqrt(se ** 2 + best_se ** 2)
 
 
 class ReferenceDrift:
@@ -68,8 +79,7 @@ class ReferenceDrift:
         except (OSError, json.JSONDecodeError):
             return False
         self._read()
-        return (status.get("state") in ("finished", "stopped_early", "diverged")
-                and step not in self.drift and all(s < step for s in self.drift))
+        return status.get("state") in ("finished", "stopped_early", "diverged") and all(s < step for s in self.drift)
 
     def _read(self) -> None:
         if not self.path.is_file():
@@ -113,15 +123,16 @@ class AmplificationDetector:
 
     def observe(self, record: dict) -> List[Alert]:
         step = record["step"]
-        candidates = {}
-        for policy in _policies_in(record, "drift"):
+        candidates, singles = {}, []
+        for policy in _names_in(record, "policy", "drift"):
             coherence = record.get(f"policy/{policy}/coherence_mb_mean", record.get(f"policy/{policy}/coherence"))
-            if isinstance(coherence, (int, float)) and record.get(f"policy/{policy}/instances", 1) >= 2:
+            if record.get(f"policy/{policy}/instances", 1) < 2:
+                singles.append(record[f"policy/{policy}/drift"])
+            elif isinstance(coherence, (int, float)):
                 self.coherence[policy].update(coherence)
                 self.update_ratio[policy].update(float(record.get(f"policy/{policy}/update_ratio", 0.0)))
                 candidates[policy] = (record[f"policy/{policy}/drift"], int(record[f"policy/{policy}/instances"]))
-        singles = sorted(record[f"policy/{p}/drift"] for p in _policies_in(record, "drift")
-                         if record.get(f"policy/{p}/instances", 1) < 2)
+        singles.sort()
         in_cell = singles[len(singles) // 2] if singles else None
         self.pending.append({"step": step, "candidates": candidates, "in_cell": in_cell,
                              "coherence": {p: self.coherence[p].value for p in candidates},
@@ -158,11 +169,6 @@ class AmplificationDetector:
                     f"its norm; its instances' gradients add up (coherence {entry['coherence'][policy]:.2f})",
                     self.cfg.action))
         return alerts
-
-
-def _policies_in(record: dict, suffix: str) -> List[str]:
-    return sorted(k.split("/")[1] for k in record if k.startswith("policy/") and k.count("/") == 2
-                  and k.endswith("/" + suffix))
 
 
 class EarlyBand:
@@ -326,13 +332,13 @@ class CollapseDetector:
         alerts = []
         if self.best is not None:
             best, best_se = self.best
-            noise = self.cfg.se * math.sqrt(best_se ** 2 + se ** 2)
-            low = accuracy < self.cfg.fraction * best and best - accuracy > noise
+            low = significantly_below(accuracy, se, best, best_se, self.cfg.fraction, self.cfg.se)
             self.streak = self.streak + 1 if low else 0
             if self.streak >= self.cfg.patience:
                 alerts.append(Alert(record["step"], self.kind, None, None, accuracy, self.cfg.fraction * best,
                                     f"collapse: validation accuracy {accuracy:.2f} is below {self.cfg.fraction:.0%} "
-                                    f"of its best {best:.2f} by more than {self.cfg.se:g} SE ({noise:.2f}), "
+                                    f"of its best {best:.2f} by more than {self.cfg.se:g} SE "
+                                    f"({self.cfg.se * math.sqrt(best_se ** 2 + se ** 2):.2f}), "
                                     f"{self.streak} validations in a row", self.cfg.action))
         if self.best is None or accuracy > self.best[0]:
             self.best = (float(accuracy), se)

@@ -124,8 +124,7 @@ class VerlEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
         start_ray(cfg, self.device, len(self.policies))
         adapters = export_initial_adapters(model_dir, self.policies, cfg, seed, Path(work_dir) / "initial_adapters")
-        harness = {"clip": ClipConfig.from_algo(cfg.algo), "kl_coef": cfg.algo.kl_coef, "loss_agg": cfg.algo.loss_agg,
-                   "kl_coef_per_role": dict(cfg.algo.kl_coef_per_role)}
+        harness = {"clip": ClipConfig.from_algo(cfg.algo), "algo": cfg.algo, "loss_agg": cfg.algo.loss_agg}
         self.seed = seed
         per_policy = cfg.verl.gpus_per_policy
         tag = uuid.uuid4().hex[:8]  # Ray names (placement groups, actors) must be unique per cluster

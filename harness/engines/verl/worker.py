@@ -27,6 +27,7 @@ from verl.workers.engine_workers import TrainingWorker
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
 from harness.algo.loss import BatchNorm, aggregate, kl_to_reference, ppo_clip_loss
+from harness.config import kl_beta
 from harness.engines.verl.batch import shard_rows
 
 Slot = Tuple[str, int]
@@ -92,7 +93,7 @@ class PolicyWorker(TrainingWorker):
         loss_mat = policy_loss.loss_mat
         if "ref_log_prob" in padded.keys():
             kl = kl_to_reference(log_prob, padded["ref_log_prob"].to(log_prob.dtype))
-            beta = h["kl_coef_per_role"].get(role, h["kl_coef"])
+            beta = kl_beta(h["algo"], role)
             if beta > 0:
                 loss_mat = loss_mat + beta * kl
             self._stats["kl"][role] += float((kl.detach() * mask).sum())

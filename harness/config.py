@@ -54,6 +54,8 @@ class WorkflowConfig:
     max_new_tokens: int = 12  # per turn, unless a role overrides it
     role_max_new_tokens: Dict[str, int] = field(default_factory=dict)
     prompts: Dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PROMPTS))  # by template name
+    # auto: tiny scales keep the templates above, Qwen3 scales get the study's (harness/workflows/prompts.py)
+    prompt_set: str = "auto"
 
 
 @dataclass

@@ -109,7 +109,7 @@ class Controller:
             assign_rewards(episode, self.cfg.reward)
         metrics = rollout_metrics(episodes, prefix="val/")
         kept = {k: v for k, v in metrics.items()
-                if k.endswith(("accuracy", "format_ok", "response_length", "distinct_candidates"))}
+                if k.endswith(("accuracy", "format_ok", "fallback", "response_length", "distinct_candidates"))}
         kept["val/accuracy_se"] = accuracy_standard_error(episodes)
         return kept
 

@@ -40,10 +40,27 @@ class CheckpointScale:
     dirname: str  # under $MARL_MODEL_ROOT unless model.path is given
 
 
+@dataclass(frozen=True)
+class RandomQwen3:
+    """A random-initialised tiny Qwen3 over Qwen3's real tokenizer (harness/qwen3_tokenizer.py):
+    no weights to download, yet the real vocabulary, special tokens, chat template and token
+    counts, so the Qwen3 prompt path, parsers and budgets run on a CPU. It knows nothing (no
+    warm-up): its replies are noise, which is what the contracts' fallbacks are for."""
+
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 256
+    positions: int = 4096
+    vocab: int = 151936  # Qwen3's embedding rows (the tokenizer's 151,669 tokens, padded)
+
+
 SCALES: Dict[str, object] = {
     "tiny-s": TinySize(hidden=64, layers=2, heads=4, kv_heads=2, ffn=256, warmup_steps=2000),
     "tiny-m": TinySize(hidden=128, layers=2, heads=4, kv_heads=2, ffn=512, warmup_steps=1400),
     "tiny-l": TinySize(hidden=256, layers=4, heads=4, kv_heads=2, ffn=1024, warmup_steps=800),
+    "qwen3-tok": RandomQwen3(),
     "qwen3-0.6b": CheckpointScale("Qwen3-0.6B"),
     "qwen3-1.7b": CheckpointScale("Qwen3-1.7B"),
     "qwen3-4b": CheckpointScale("Qwen3-4B"),
@@ -54,10 +71,16 @@ def is_tiny(scale: str) -> bool:
     return isinstance(SCALES[scale], TinySize)
 
 
+def positions_of(scale: str) -> Optional[int]:
+    """The context length of a model the harness builds; None for checkpoints (read from config.json)."""
+    spec = SCALES[scale]
+    return TINY_POSITIONS if isinstance(spec, TinySize) else getattr(spec, "positions", None)
+
+
 def resolve_model_path(cfg: CellConfig) -> Optional[Path]:
-    """The checkpoint directory of a real scale (checked to exist); None for tiny scales."""
+    """The checkpoint directory of a real scale (checked to exist); None for scales built here."""
     spec = SCALES[cfg.scale]
-    if isinstance(spec, TinySize):
+    if not isinstance(spec, CheckpointScale):
         return None
     if cfg.model.path:
         path = Path(cfg.model.path).expanduser()
@@ -113,6 +136,21 @@ def chat_prompt(tokenizer, user_text: str) -> str:
         _CHAT_CACHE[key] = (prefix, suffix)
     prefix, suffix = _CHAT_CACHE[key]
     return f"{prefix}{user_text}{suffix}"
+
+
+def build_random_qwen3(spec: RandomQwen3, tokenizer, seed: int):
+    """A seeded Qwen3ForCausalLM of `spec`'s shape over Qwen3's tokenizer (tied embeddings, as the small Qwen3s)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.ffn, num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads, head_dim=spec.hidden // spec.heads,
+        max_position_embeddings=spec.positions, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(config)
 
 
 def build_tiny_model(size: TinySize, tokenizer, seed: int):

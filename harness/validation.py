@@ -25,11 +25,12 @@ from harness.config import (ACTIONS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, ENGI
                             SHARING_MODES, TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS,
                             CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
 from harness.mitigations import apply_mitigations, mitigation_names
-from harness.models import SCALES, TINY_POSITIONS, is_tiny, resolve_model_path
+from harness.models import SCALES, RandomQwen3, is_tiny, positions_of, resolve_model_path
 from harness.sharing import PolicyMap
 from harness.tasks import CODE_TASKS, NEEDS_PATH, TASKS, WARMUP_TASKS
 from harness.tasks.jail import JailUnavailable, find_jail
 from harness.workflows import WORKFLOWS, build_workflow
+from harness.workflows.prompts import apply_prompt_set
 
 
 def load_config(overrides: Sequence[str]) -> CellConfig:
@@ -70,8 +71,10 @@ class _NotPlain(Exception):
 
 
 def _complete(cfg: CellConfig) -> CellConfig:
-    """What both ways in do after reading: the mitigations' knobs, the default id, validation."""
+    """What both ways in do after reading: the mitigations' knobs, the model family's prompts,
+    the default id, validation."""
     apply_mitigations(cfg)
+    apply_prompt_set(cfg.workflow, cfg.scale, "code" if cfg.task in CODE_TASKS else "math")
     if not cfg.cell_id:
         cfg.cell_id = default_cell_id(cfg)
     validate(cfg)
@@ -180,7 +183,7 @@ def _check_root(root: str) -> None:
 
 def _check_budgets(cfg: CellConfig, model_path: Optional[Path]) -> None:
     """Token budgets must leave room for a prompt within the model's positions."""
-    positions = TINY_POSITIONS if is_tiny(cfg.scale) else None
+    positions = positions_of(cfg.scale)
     if positions is None and model_path is not None and (Path(model_path) / "config.json").is_file():
         positions = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings")
     budgets = {"workflow.max_new_tokens": cfg.workflow.max_new_tokens,
@@ -279,6 +282,12 @@ def validate(cfg: CellConfig) -> None:
     if cfg.task in NEEDS_PATH and not cfg.data.path:
         raise ConfigError(f"task {cfg.task} needs data.path=/path/to/problems.jsonl")
     model_path = resolve_model_path(cfg)  # raises ConfigError for a missing checkpoint dir
+    if isinstance(SCALES[cfg.scale], RandomQwen3):
+        from harness import qwen3_tokenizer
+
+        reason = qwen3_tokenizer.problem()
+        if reason:
+            raise ConfigError(f"scale {cfg.scale}: {reason}")
     _check_budgets(cfg, model_path)
     # the workflow checks its own roles against sharing groups and prompt overrides
     workflow = build_workflow(cfg)

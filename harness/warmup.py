@@ -28,12 +28,15 @@ import torch
 from omegaconf import OmegaConf
 
 from harness.config import CellConfig
-from harness.models import SCALES, TinySize, build_tiny_model, build_tokenizer, cache_root, chat_prompt, resolve_model_path
+from harness import qwen3_tokenizer
+from harness.models import (SCALES, RandomQwen3, TinySize, build_random_qwen3, build_tiny_model, build_tokenizer,
+                            cache_root, chat_prompt, resolve_model_path)
 from harness.tasks import WARMUP_TASKS, Problem, Task, WarmupSupport
 from harness.workflows.contracts import ACCEPT, REVISE
 from harness.workflows.prompts import resolve_prompts
 
 WARMUP_VERSION = 1
+RANDOM_SEED = 0  # the random Qwen3 base of scale qwen3-tok
 WARMUP_SEED = 0
 Demo = Tuple[str, str]  # (user prompt, assistant response)
 
@@ -175,6 +178,24 @@ def warm_key(cfg: CellConfig, task) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def random_key(spec: RandomQwen3) -> str:
+    """The random model's shape and the tokenizer's checksums (its seed is fixed: one base for all cells)."""
+    payload = {"shape": asdict(spec), "tokenizer": qwen3_tokenizer.FILES, "seed": RANDOM_SEED}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_random(spec: RandomQwen3, out_dir: Path) -> dict:
+    """Save a random Qwen3 of `spec`'s shape with Qwen3's tokenizer as a checkpoint directory."""
+    tokenizer = qwen3_tokenizer.load()
+    model = build_random_qwen3(spec, tokenizer, RANDOM_SEED)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    info = {"steps": 0, "random_init": True, "params": sum(p.numel() for p in model.parameters()),
+            "vocab": len(tokenizer), "tokenizer": qwen3_tokenizer.PACKAGE}
+    (out_dir / "warmup.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
 def _task_fingerprint(cfg: CellConfig) -> dict:
     node = getattr(cfg, WARMUP_TASKS.get(cfg.task, ""), None)
     return OmegaConf.to_container(OmegaConf.structured(node)) if node is not None else {}
@@ -186,16 +207,22 @@ def prepare_model(cfg: CellConfig, task, log=print) -> Path:
     if path is not None:
         return path
     size = SCALES[cfg.scale]
-    target = cache_root(cfg) / f"{cfg.scale}-{warm_key(cfg, task)}"
+    if isinstance(size, RandomQwen3):
+        key, build = random_key(size), lambda out: build_random(size, out)
+        what = "building a random Qwen3 over Qwen3's tokenizer"
+    else:
+        key, build = warm_key(cfg, task), lambda out: warm_up(cfg, size, task, out, log=log)
+        what = f"warming up {cfg.scale} on task {task.name}"
+    target = cache_root(cfg) / f"{cfg.scale}-{key}"
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one warm-up per key, even with parallel cells
         if (target / "warmup.json").is_file():
             return target
-        log(f"[models] warming up {cfg.scale} on task {task.name} (cached at {target})")
+        log(f"[models] {what} (cached at {target})")
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
         try:
-            warm_up(cfg, size, task, tmp, log=log)
+            build(tmp)
             shutil.rmtree(target, ignore_errors=True)
             os.replace(tmp, target)
         finally:

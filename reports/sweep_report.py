@@ -50,6 +50,10 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
         body += ["<h2>Cells against their baselines</h2>", table(gains[CELL_TABLE], links=links),
                  "<h2>Best cells</h2>", table(result["best"], links=links),
                  "<h2>Worst cells</h2>", table(result["worst"], links=links)]
+    evaluation = evaluation_table(sweep)
+    if evaluation is not None:
+        body += ["<h2>Checkpoint evaluation (pass@k, <code>python -m analysis.evaluate</code>)</h2>",
+                 table(evaluation, links=links)]
     body += ["<h2>Failure modes (step each first fired)</h2>", table(modes, links=links),
              "<h2>Run reports</h2>",
              "<ul>" + "".join(f'<li><a href="{esc(href)}">{esc(cid)}</a></li>' for cid, href in sorted(links.items()))
@@ -63,10 +67,26 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
     md += [f"![{p.stem}]({p.name})" for p in heatmaps + side_by_side] + [""]
     if len(gains):
         md += ["## Cells against their baselines", "", md_table(gains[CELL_TABLE]), ""]
+    if evaluation is not None:
+        md += ["## Checkpoint evaluation (pass@k)", "", md_table(evaluation), ""]
     md += ["## Failure modes", "", md_table(modes), "", "## Run reports", ""]
     md += [f"- [{cid}]({href.replace('index.html', 'report.md')})" for cid, href in sorted(links.items())]
     write(out / "report.md", "\n".join(md))
     return out / "index.html"
+
+
+def evaluation_table(sweep: Path):
+    """The runs' eval_results.jsonl rows (analysis/evaluate.py), one per cell, mode, checkpoint and
+    task; None when no run was evaluated."""
+    from analysis.evaluate import load_results
+
+    rows = load_results(sweep)
+    if rows.empty:
+        return None
+    scores = sorted((c for c in rows.columns if c.startswith("pass@")), key=lambda c: int(c.split("@")[1]))
+    columns = [c for c in ["cell_id", "mode", "checkpoint", "step", "task", "problems", "samples", *scores, "status"]
+               if c in rows.columns]
+    return rows[columns].sort_values(["cell_id", "mode", "task"], kind="stable").reset_index(drop=True)
 
 
 def is_sweep(path: Path) -> bool:

@@ -9,11 +9,11 @@ from tests.conftest import REPO, python_cmd
 CASES = [
     (["topology=star"], "unknown topology 'star'; valid choices: single, eval_opt, voting, orch_workers"),
     (["sharing=half"], "unknown sharing mode 'half'; valid choices: sp, ip, ip_instance, custom"),
-    (["task=chess"], "unknown task 'chess'; valid choices: arith, code-synth, gsm8k, humaneval, math, mbpp"),
+    (["task=chess"], "unknown task 'chess'; valid choices: aime, arith, code-synth, dapo-math, deepcoder, gsm8k, humaneval"),
     (["task=gsm8k"], "task gsm8k has no warm-up: use task arith or code-synth, or a qwen3-* scale"),
     (["task=math", "scale=qwen3-0.6b"], "task math needs data.path"),
     (["task=gsm8k", "scale=qwen3-0.6b", "data.path=/nonexistent/gsm8k.jsonl"], "data.path /nonexistent/gsm8k.jsonl does not exist"),
-    (["scale=huge"], "unknown scale 'huge'; valid choices: tiny-s, tiny-m, tiny-l, qwen3-0.6b"),
+    (["scale=huge"], "unknown scale 'huge'; valid choices: tiny-s, tiny-m, tiny-l, qwen3-tok, qwen3-0.6b"),
     (["steps=many"], "bad override"),
     (["stepz=3"], "valid keys: topology, sharing, task"),
     (["algo.lrr=3"], "valid keys of algo: problems_per_step"),

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from grid.expand import GridError, check_cells, expand
 from grid.launch import EXIT_BAD_INPUT, compose, main
@@ -32,11 +33,14 @@ def test_full_matrix_is_the_seed_study_design():
     # Qwen3 scales train on engine=verl over all the cell's GPUs, with the task's token budgets
     assert cell.overrides["engine"] == "verl" and cell.overrides["verl"]["gpus_per_policy"] == 2
     assert cell.overrides["verl"]["param_dtype"] == "bf16" and cell.overrides["verl"]["gradient_checkpointing"]
-    assert cell.overrides["workflow"]["max_new_tokens"] == 2048  # code
-    assert cell.overrides["workflow"]["role_max_new_tokens"] == {"aggregator": 256}
+    # the study's responses: code 2048 tokens, math 5120, for every role; vLLM holds prompt + response
+    assert cell.overrides["workflow"]["max_new_tokens"] == 2048 and "role_max_new_tokens" not in cell.overrides["workflow"]
+    assert cell.overrides["verl"]["rollout_max_model_len"] == 12288
     math_orch = next(c for c in multi if c.cell_id == "orch_workers-sp-math-qwen3-4b-s0")
-    assert math_orch.overrides["workflow"]["max_new_tokens"] == 1024
-    assert math_orch.overrides["workflow"]["role_max_new_tokens"]["orchestrator"] == 512
+    assert math_orch.overrides["workflow"]["max_new_tokens"] == 5120
+    assert math_orch.overrides["verl"]["rollout_max_model_len"] == 25600
+    assert next(c for c in multi if c.cell_id == "eval_opt-ip-math-qwen3-4b-s0").overrides["verl"]["rollout_max_model_len"] == 35840
+    assert baselines["single-math-qwen3-4b-s0"].overrides["verl"]["rollout_max_model_len"] == 20480
     assert math_orch.overrides["verl"]["gpus_per_policy"] == 4
     again = expand(compose(["sweep=full_matrix", "sweep.axes.seed=[0,1]"]).sweep, cfg.cluster, "runs")
     assert [c.cell_id for c in again] == [c.cell_id for c in cells]  # stable ids
@@ -66,13 +70,39 @@ def test_dry_run_prints_42_cells_with_gpu_resources():
     assert sum(per_cell) == 14 * (12 + 36 + 96) and "2016 GPU-hours reserved" in lines[-1]
 
 
+def test_study_profile_puts_every_qwen3_cell_on_2_gpus_of_its_type_with_that_types_token_budget():
+    cfg = compose(["sweep=full_matrix", "cluster=study"])
+    cells = {c.cell_id: c for c in expand(cfg.sweep, cfg.cluster, "runs")}
+    big, small = cells["voting-ip-math-qwen3-4b-s0"], cells["voting-ip-math-qwen3-0.6b-s0"]
+    assert (big.resources.gpus, big.resources.gpu_type, small.resources.gpus, small.resources.gpu_type) == (2, "h100", 2, "l40s")
+    assert big.overrides["verl"]["max_token_len_per_gpu"] == 40960 and small.overrides["verl"]["max_token_len_per_gpu"] == 28672
+    assert cells["single-code-qwen3-1.7b-s0"].overrides["verl"]["max_token_len_per_gpu"] == 23554
+    from grid.submit import _slurm_parameters
+
+    launcher = OmegaConf.create({"array_parallelism": 4})
+    assert _slurm_parameters(cfg.cluster, launcher, big.resources)["slurm_constraint"] == "h100"
+    assert _slurm_parameters(cfg.cluster, launcher, small.resources)["slurm_constraint"] == "l40s"
+    proc = subprocess.run(LAUNCH + ["sweep=full_matrix", "cluster=study", "dry_run=true"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert any("voting-ip-math-qwen3-4b-s0" in l and "1n 2g h100 16c 256G 1440m  48 " in l for l in lines)
+    assert "2016 GPU-hours reserved" in lines[-1]  # 42 cells x 2 GPUs x 24 h
+
+
+def test_a_gpu_type_the_profile_does_not_list_is_one_error():
+    proc = subprocess.run(LAUNCH + ["sweep=full_matrix", "cluster=study", "cluster.resources.qwen3-4b.gpu_type=a100",
+                                    "dry_run=true"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "gpu_type 'a100'" in proc.stderr and "h100, l40s" in proc.stderr
+
+
 def line_gpu_column(lines):
     return lines[0].split().index("GPU-h") + 4  # "resources" spans 5 words: 1n 4g 32c 256G 1440m
 
 
 @pytest.mark.parametrize("overrides,message", [
     (["sweep=everything"], "valid choices: full_matrix, repro, repro_capture, smoke"),
-    (["sweep=smoke", "cluster=mars"], "valid choices: example_gpu, local"),
+    (["sweep=smoke", "cluster=mars"], "valid choices: example_gpu, local, study"),
     (["sweep=smoke", "launcher=pbs"], "valid choices: local, slurm"),
     (["sweep=smoke", "sweep.axes.topology=[star]"], "unknown topology 'star' in the sweep; valid choices: eval_opt"),
     (["sweep=smoke", "sweep.axes.scale=[huge]"], "unknown scale 'huge'"),

@@ -58,9 +58,10 @@ def test_verdict_contract():
 
 
 def test_index_and_subtask_contracts():
-    assert parse_index("2", 3) == (2, False)
-    assert parse_index("3", 3) == (0, True)
-    assert parse_index("one", 3) == (0, True)
-    assert parse_subtasks("1+2; 3", 2, "q") == (["1+2", "3"], False)
-    assert parse_subtasks("a;b;c", 2, "q") == (["a", "b"], True)
-    assert parse_subtasks("  ", 2, "q") == (["q"], True)
+    # (meaning, malformed, fallback): the tiny contracts are exact, so malformed and fallback agree
+    assert parse_index("2", 3) == (2, False, False)
+    assert parse_index("3", 3) == (0, True, True)
+    assert parse_index("one", 3) == (0, True, True)
+    assert parse_subtasks("1+2; 3", 2, "q") == (["1+2", "3"], False, False)
+    assert parse_subtasks("a;b;c", 2, "q") == (["a", "b"], True, False)  # too many: the first two kept
+    assert parse_subtasks("  ", 2, "q") == (["q"], True, True)

@@ -36,6 +36,7 @@ def rollout_metrics(episodes: List[Episode], prefix: str = "") -> Dict[str, floa
         metrics[f"{key}/response_length_max"] = float(max(lengths))
         metrics[f"{key}/truncated"] = mean(float(t.truncated) for t in turns)
         metrics[f"{key}/format_ok"] = mean(float(not t.malformed) for t in turns)
+        metrics[f"{key}/fallback"] = mean(float(t.fallback) for t in turns)
         metrics[f"{key}/reward"] = mean(t.reward for t in turns)
         judged = [float(t.role_correct) for t in turns if t.role_correct is not None]
         if judged:

@@ -20,6 +20,14 @@ def _math(kind: str) -> Callable:
     return build
 
 
+def _study_math(kind: str) -> Callable:
+    def build(cfg) -> Task:
+        from harness.tasks.math import DapoMathTask, EvalMathTask
+
+        return DapoMathTask(cfg.data) if kind == "dapo-math" else EvalMathTask(kind, cfg.data)
+    return build
+
+
 def _reasoning_gym(generator: str) -> Callable:
     def build(cfg) -> Task:
         from harness.tasks.math import ReasoningGymTask
@@ -30,11 +38,11 @@ def _reasoning_gym(generator: str) -> Callable:
 
 def _code(kind: str) -> Callable:
     def build(cfg) -> Task:
-        from harness.tasks.code import CodeSynthTask, HumanEvalTask, MBPPTask
+        from harness.tasks.code import CodeSynthTask, DeepCoderTask, HumanEvalTask, MBPPTask
 
         if kind == "code-synth":
             return CodeSynthTask(cfg.code_synth, cfg.sandbox)
-        return {"humaneval": HumanEvalTask, "mbpp": MBPPTask}[kind](cfg.data, cfg.sandbox)
+        return {"humaneval": HumanEvalTask, "mbpp": MBPPTask, "deepcoder": DeepCoderTask}[kind](cfg.data, cfg.sandbox)
     return build
 
 
@@ -44,9 +52,12 @@ TASKS: Dict[str, Callable] = {
     "rg-gsm_symbolic": _reasoning_gym("gsm_symbolic"), "rg-basic_arithmetic": _reasoning_gym("basic_arithmetic"),
     "rg-chain_sum": _reasoning_gym("chain_sum"),
     "humaneval": _code("humaneval"), "mbpp": _code("mbpp"), "code-synth": _code("code-synth"),
+    # the SP/IP study's sets: DAPO-Math-17k and DeepCoder to train, AIME and MATH-500 to evaluate
+    "dapo-math": _study_math("dapo-math"), "aime": _study_math("aime"), "math500": _study_math("math500"),
+    "deepcoder": _code("deepcoder"),
 }
-CODE_TASKS = {"humaneval", "mbpp", "code-synth"}  # graded by running model-written code in the sandbox
-NEEDS_PATH = {"math"}  # no offline source: the jsonl must be given
+CODE_TASKS = {"humaneval", "mbpp", "code-synth", "deepcoder"}  # graded by running model-written code in the sandbox
+NEEDS_PATH = {"math", "dapo-math", "aime", "math500", "deepcoder"}  # no offline source: the file must be given
 WARMUP_TASKS = {"arith": "arith", "code-synth": "code_synth"}  # tasks a tiny model is warmed up on -> their config
 
 

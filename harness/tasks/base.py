@@ -43,6 +43,11 @@ class Task(ABC):
     def extract_answer(self, text: str) -> Optional[str]:
         """The answer a response states, normalised; None when it states none."""
 
+    def states_answer_exactly(self, text: str) -> bool:
+        """The answer is stated as the real-model prompts instruct: in `\\boxed{}` (math), in a
+        fenced block (code). Format compliance only; the grade reads answers more leniently."""
+        return ("```" in text) if self.kind == "code" else ("\\boxed{" in text or "\\fbox{" in text)
+
     def grade(self, problem: Problem, text: str) -> Grade:
         parsed = self.extract_answer(text)
         if parsed is None:

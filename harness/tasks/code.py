@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from harness.tasks.base import Grade, Problem, Task, WarmupSupport
-from harness.tasks.math import read_jsonl, split
+from harness.tasks.math import read_jsonl, read_rows, split
 from harness.tasks.sandbox import Sandbox, SandboxLimits
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.S)
@@ -124,6 +124,128 @@ class MBPPTask(CodeTask):
         out = self.sandbox.run(code, self.checks(problem)).stdout
         found = re.findall(r"tests passed: (\d+) of (\d+)", out)
         return (int(found[-1][0]), int(found[-1][1])) if found else (0, len(problem.meta["tests"]))
+
+
+# Runs beside the program in the jail: a stdin/stdout program gets its input and its output is
+# returned as a string; a call-based one is called by name (a LeetCode-style `Solution` method or a
+# function). All either can return is plain data, which the checks compare in the harness.
+_STDIO_RUNNER = """
+def _marl_stdio(stdin_text):
+    import io, sys
+    source = {source!r}
+    stdin, stdout = sys.stdin, sys.stdout
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin_text.encode()), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+    try:
+        exec(compile(source, "program.py", "exec"), {{"__name__": "__main__", "__builtins__": __builtins__}})
+    except SystemExit:
+        pass
+    finally:
+        sys.stdout.flush()
+        captured, sys.stdin, sys.stdout = sys.stdout.buffer.getvalue(), stdin, stdout
+    return captured.decode("utf-8", "replace")
+"""
+_CALL_RUNNER = """
+
+def _marl_call(name, args):
+    holder = globals().get("Solution")
+    if holder is not None and hasattr(holder, name):
+        return getattr(holder(), name)(*args)
+    return globals()[name](*args)
+"""
+# Trusted: compares outputs as LiveCodeBench does (line by line after stripping; numbers as numbers).
+_STDIO_CHECKS = """
+from decimal import Decimal, InvalidOperation
+
+def _same_line(got, want):
+    if got == want:
+        return True
+    try:
+        return [Decimal(x) for x in got.split()] == [Decimal(x) for x in want.split()]
+    except InvalidOperation:
+        return False
+
+for _i, (_stdin, _want) in enumerate(_CASES):
+    _got = _marl_stdio(_stdin)
+    if not isinstance(_got, str):
+        raise AssertionError(f"test {{_i}}: no output")
+    _g = [l.strip() for l in _got.strip().splitlines()]
+    _w = [l.strip() for l in _want.strip().splitlines()]
+    assert len(_g) == len(_w) and all(_same_line(a, b) for a, b in zip(_g, _w)), f"test {{_i}}: wrong output"
+"""
+_CALL_CHECKS = """
+def _plain(value):
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+for _i, (_args, _want) in enumerate(_CASES):
+    assert _plain(_marl_call(_NAME, _args)) == _plain(_want), f"test {{_i}}: wrong result"
+"""
+
+
+def deepcoder_tests(tests, metadata: dict) -> tuple:
+    """(kind, cases, function name) of a DeepCoder row: TACO's {inputs, outputs[, fn_name]}, or a
+    list of {input, output, testtype|type[, metadata.func_name]} (LiveCodeBench, PrimeIntellect,
+    Codeforces). Call-based inputs are JSON values, one argument per line."""
+    import json
+
+    tests = json.loads(tests) if isinstance(tests, str) else tests
+    metadata = json.loads(metadata) if isinstance(metadata, str) else (metadata or {})
+    if isinstance(tests, dict):
+        name = tests.get("fn_name") or metadata.get("func_name")
+        pairs = list(zip(tests["inputs"], tests["outputs"]))
+        if name:
+            return "call", [(list(i) if isinstance(i, list) else [i], o[0] if isinstance(o, list) and len(o) == 1 else o)
+                            for i, o in pairs], name
+        return "stdio", [(_text(i), _text(o)) for i, o in pairs], None
+    kinds = {str(t.get("testtype") or t.get("type") or "stdin") for t in tests}
+    if kinds <= {"functional"}:
+        name = next((t.get("metadata", {}).get("func_name") for t in tests if t.get("metadata")), None)
+        name = name or metadata.get("func_name")
+        if not name:
+            raise ValueError("functional tests without a function name (metadata.func_name)")
+        return "call", [([json.loads(line) for line in t["input"].splitlines() if line.strip()],
+                         json.loads(t["output"])) for t in tests], name
+    if kinds & {"functional"}:
+        raise ValueError(f"mixed test types {sorted(kinds)}")
+    return "stdio", [(_text(t["input"]), _text(t["output"])) for t in tests], None
+
+
+def _text(value) -> str:
+    return "\n".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+class DeepCoderTask(CodeTask):
+    """DeepCoder (the study's code set): `problem` (or `question`), `tests` (JSON: stdin/stdout or
+    call-based cases) and `metadata`; every case runs in the sandbox and all must pass."""
+
+    name = "deepcoder"
+
+    def __init__(self, data, sandbox_cfg):
+        super().__init__(sandbox_cfg)
+        problems = []
+        for i, row in enumerate(read_rows(Path(data.path))):
+            try:
+                kind, cases, fn = deepcoder_tests(row["tests"], row.get("metadata"))
+            except (KeyError, ValueError) as exc:
+                raise ValueError(f"{data.path} row {i + 1}: unreadable tests ({exc})") from None
+            question = row.get("problem") or row.get("question")
+            starter = row.get("starter_code") or ""
+            if starter:
+                question = f"{question}\n\nStart from this code:\n```python\n{starter}\n```"
+            problems.append(Problem(f"deepcoder-{row.get('uid', i)}", question, "",
+                                    {"kind": kind, "cases": cases, "fn": fn}))
+        if not problems:
+            raise ValueError(f"task deepcoder: no problems in {data.path}")
+        self._splits = split(problems, data.val_size, data.seed)
+
+    def program(self, problem: Problem, code: str) -> str:
+        if problem.meta["kind"] == "stdio":
+            return _STDIO_RUNNER.format(source=code)
+        return code + _CALL_RUNNER
+
+    def checks(self, problem: Problem) -> str:
+        body = _STDIO_CHECKS if problem.meta["kind"] == "stdio" else _CALL_CHECKS
+        return f"_CASES = {problem.meta['cases']!r}\n_NAME = {problem.meta['fn']!r}\n" + body.replace("{{", "{").replace("}}", "}")
 
 
 class CodeSynthTask(CodeTask, WarmupSupport):

@@ -83,6 +83,23 @@ def read_jsonl(path: Path) -> List[dict]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def read_rows(path: Path) -> List[dict]:
+    """A dataset file as rows: JSON lines, or Parquet (the hub's format for DAPO-Math-17k and DeepCoder)."""
+    if Path(path).suffix == ".parquet":
+        import pandas as pd
+
+        return pd.read_parquet(path).to_dict("records")
+    return read_jsonl(Path(path))
+
+
+def _field(row: dict, *names: str):
+    """The first of `names` the row has (datasets spell the same field Problem/problem/question)."""
+    for name in names:
+        if row.get(name) is not None:
+            return row[name]
+    raise KeyError(f"none of the fields {', '.join(names)}")
+
+
 def split(items: List[Problem], val_size: int, seed: int) -> Dict[str, List[Problem]]:
     """A seeded, disjoint train/val split of one list (val at most a quarter)."""
     order = list(items)
@@ -124,6 +141,59 @@ class BoxedMathTask(_SplitTask):
             if answer is None:
                 raise ValueError(f"{data.path} line {i + 1}: no 'answer' and no \\boxed{{}} in 'solution'")
             problems.append(Problem(f"math-{i}", row["problem"], str(answer).strip(), {}))
+        super().__init__(problems, data)
+
+
+# DAPO-Math-17k wraps each problem in its own instruction ("... of the form Answer: $Answer ...");
+# the harness's prompts ask for \\boxed{}, so the loader keeps the problem between the two.
+_DAPO_HEAD = re.compile(r"^Solve the following math problem step by step\..*?\n\n", re.S)
+_DAPO_TAIL = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
+
+
+def dapo_problem(prompt) -> str:
+    """The problem text of a DAPO prompt: the original's list of chat messages (its user message) or
+    the processed set's string, without DAPO's answer-format instruction."""
+    if isinstance(prompt, (list, tuple)) or hasattr(prompt, "tolist"):
+        messages = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
+        prompt = next(m["content"] for m in messages if m.get("role") == "user")
+    return _DAPO_TAIL.sub("", _DAPO_HEAD.sub("", str(prompt))).strip()
+
+
+class DapoMathTask(_SplitTask):
+    """DAPO-Math-17k (the study's math training set): `prompt` (chat messages, or a string in the
+    processed set) and the integer answer in `reward_model.ground_truth` (or `solution`)."""
+
+    name = "dapo-math"
+
+    def __init__(self, data):
+        problems = []
+        for i, row in enumerate(read_rows(Path(data.path))):
+            reward_model = row.get("reward_model") or {}
+            answer = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+            answer = answer if answer is not None else row.get("solution")
+            if answer is None:
+                raise ValueError(f"{data.path} row {i + 1}: no reward_model.ground_truth and no solution")
+            index = (row.get("extra_info") or {}).get("index", i) if isinstance(row.get("extra_info"), dict) else i
+            problems.append(Problem(f"dapo-{index}", dapo_problem(row["prompt"]), str(answer).strip(),
+                                    {"source": row.get("data_source", "dapo")}))
+        super().__init__(problems, data)
+
+
+class EvalMathTask(_SplitTask):
+    """Evaluation sets with a short reference answer: AIME (`problem`/`Problem`, `answer`/`Answer`)
+    and MATH-500 (`problem`, `answer`, `solution`, `subject`, `level`, `unique_id`)."""
+
+    def __init__(self, name: str, data):
+        self.name = name
+        problems = []
+        for i, row in enumerate(read_rows(Path(data.path))):
+            try:
+                question, answer = _field(row, "problem", "Problem", "question"), _field(row, "answer", "Answer")
+            except KeyError as exc:
+                raise ValueError(f"{data.path} row {i + 1}: {exc.args[0]}") from None
+            uid = str(row.get("unique_id") or row.get("id") or row.get("ID") or f"{name}-{i}")
+            problems.append(Problem(uid, str(question), str(answer).strip(),
+                                    {k: row[k] for k in ("subject", "level", "year") if k in row}))
         super().__init__(problems, data)
 
 

@@ -40,7 +40,8 @@ class Turn:
     text: str
     truncated: bool
     index: int  # position in the episode
-    malformed: bool = False
+    malformed: bool = False  # the reply does not follow its contract's exact format
+    fallback: bool = False  # nothing of the contract could be read: the documented default was used
     role_correct: Optional[bool] = None  # the role did its own job (voter right, verdict right...)
     reward: float = 0.0
     advantage: float = 0.0
@@ -152,8 +153,11 @@ class Workflow(ABC):
     name: str = "workflow"
 
     def __init__(self, task: Task, cfg):
+        from harness.workflows.prompts import style_of
+
         self.task = task
         self.cfg = cfg  # the cell's WorkflowConfig
+        self.style = style_of(cfg)  # how its judging roles' replies are read
 
     @abstractmethod
     def roles(self) -> List[RoleSpec]:
@@ -173,6 +177,19 @@ class Workflow(ABC):
 
     def mark_answer(self, turn: Turn, problem: Problem) -> Grade:
         grade = self.task.grade(problem, turn.text)
-        turn.malformed = grade.parsed is None
+        self.mark_format(turn, grade.parsed)
         turn.role_correct = grade.correct
         return grade
+
+    def mark_format(self, turn: Turn, parsed: Optional[str]) -> None:
+        """An answer turn's format: no answer found is a fallback; under the real-model contracts
+        the answer must also be stated as instructed (`\\boxed{}` for math, a fenced block for code)."""
+        turn.fallback = parsed is None
+        turn.malformed = turn.fallback or (self.style.tolerant and not self.task.states_answer_exactly(turn.text))
+
+    def numbered(self, turns: List[Turn], labels: Optional[List[str]] = None) -> str:
+        """Full replies as the real-model prompts show them ('--- Solution 1 ---'), numbered from
+        the contract's index base."""
+        base = self.style.index_base
+        return "".join(f"\n--- Solution {i + base}{f' (Strategy: {labels[i]})' if labels else ''} ---\n"
+                       f"{t.text.strip()}\n" for i, t in enumerate(turns))

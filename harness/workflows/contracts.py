@@ -1,13 +1,28 @@
 """Parsers for each role's output contract. Malformed output is resolved deterministically
-(documented per parser) and flagged, never raised: a bad turn must not crash a run."""
+(documented per parser) and flagged, never raised: a bad turn must not crash a run.
+
+Two things are told apart for every judging turn:
+- `malformed`: the reply does not follow its instruction exactly (format compliance, strict);
+- `fallback`: no meaning could be read at all, so the documented default was used.
+The tiny model's contracts are exact replies, parsed strictly (malformed == fallback). Real
+models (`tolerant=True`) wrap the statement in reasoning, markdown or a leaked `<think>` block:
+their parsers read the last well-formed statement anywhere in the reply, so a verdict with an
+explanation around it counts as that verdict and only its strict format check fails.
+"""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 ACCEPT, REVISE = "ACCEPT", "REVISE"
 CODE_FENCE = "```"
+
+_THINK = re.compile(r"<think>.*?</think>", re.S | re.I)
+_BOXED = re.compile(r"\\boxed\s*\{\s*(?:\\text(?:bf)?\s*\{\s*)?([^{}]*?)\s*\}?\s*\}")
+_POSITIVE = {"correct", "accept", "accepted", "right", "valid", "yes"}
+_NEGATIVE = {"incorrect", "revise", "wrong", "invalid", "reject", "rejected", "flawed", "no", "not correct",
+             "incorrectly"}
 
 
 @dataclass(frozen=True)
@@ -15,13 +30,47 @@ class Verdict:
     verdict: str  # ACCEPT | REVISE
     feedback: str
     malformed: bool
+    fallback: bool = False
 
 
-def parse_verdict(text: str, feedback_vocabulary: Sequence[str] = ()) -> Verdict:
-    """'ACCEPT' or 'REVISE: <feedback>'. Anything else counts as ACCEPT (ends the loop) and malformed.
+def visible(text: str) -> str:
+    """The reply without reasoning the model was not asked for: a closed `<think>` block is
+    dropped, and an unclosed one leaves only what follows it (nothing, if nothing does)."""
+    text = _THINK.sub("", text)
+    if "<think>" in text.lower():
+        text = text[: text.lower().index("<think>")]
+    return text.replace("</think>", "")
 
-    A verdict that carries a code block is malformed too: an evaluator writing code is the
-    symptom of role capture."""
+
+def _plain(text: str) -> str:
+    return visible(text).replace("**", "").replace("__", "")
+
+
+def parse_verdict(text: str, feedback_vocabulary: Sequence[str] = (), tolerant: bool = False,
+                  unparsed: str = ACCEPT) -> Verdict:
+    """tiny: 'ACCEPT' or 'REVISE: <feedback>' as the whole reply; anything else is `unparsed`
+    (ACCEPT ends the loop) and malformed. A verdict that carries a code block is malformed too:
+    an evaluator writing code is the symptom of role capture.
+
+    tolerant (Qwen3 prompts, strict format `\\boxed{Correct}` / `\\boxed{Incorrect}` and a
+    `FEEDBACK:` line): the last boxed verdict, else the last labelled one ('Verdict: REVISE'), else
+    the last verdict word of the reply's final sentences ('... is not correct'); none: `unparsed`
+    (the study's REVISE: keep refining)."""
+    if not tolerant:
+        return _strict_verdict(text, feedback_vocabulary, unparsed)
+    has_code = CODE_FENCE in text
+    body = _plain(text)
+    verdict = _tolerant_verdict(body)
+    feedback = _feedback(body)
+    boxed = [m.group(1).strip() for m in _BOXED.finditer(visible(text))]
+    exact = (len(boxed) == 1 and boxed[0] in ("Correct", "Incorrect") and "\\boxed{" + boxed[0] + "}" in text
+             and not has_code)
+    if verdict is None:
+        return Verdict(unparsed, feedback if unparsed == REVISE else "", True, True)
+    return Verdict(verdict, feedback if verdict == REVISE else "", not exact, False)
+
+
+def _strict_verdict(text: str, feedback_vocabulary: Sequence[str], unparsed: str) -> Verdict:
     stripped = text.strip()
     has_code = CODE_FENCE in stripped
     head = stripped.split(":", 1)[0].strip().upper() if stripped else ""
@@ -31,26 +80,139 @@ def parse_verdict(text: str, feedback_vocabulary: Sequence[str] = ()) -> Verdict
         feedback = stripped.split(":", 1)[1].strip() if ":" in stripped else ""
         malformed = bool(feedback_vocabulary) and feedback not in feedback_vocabulary
         return Verdict(REVISE, feedback, malformed)
-    return Verdict(ACCEPT, "", True)
+    return Verdict(unparsed, "", True, True)
 
 
-def parse_index(text: str, n: int) -> tuple[int, bool]:
-    """A bare candidate index in [0, n). Anything else picks candidate 0 and is malformed."""
-    stripped = text.strip()
-    if re.fullmatch(r"\d+", stripped) and int(stripped) < n:
-        return int(stripped), False
-    return 0, True
+def _word_verdict(word: str) -> Optional[str]:
+    word = re.sub(r"\s+", " ", word.strip().lower().strip(".!*:`'\" "))
+    if word in _NEGATIVE or word.startswith(("incorrect", "not correct", "wrong", "revise")):
+        return REVISE
+    if word in _POSITIVE or word.startswith(("correct", "accept")):
+        return ACCEPT
+    return None
 
 
-def parse_subtasks(text: str, max_subtasks: int, fallback: str) -> tuple[List[str], bool]:
-    """Subtasks separated by ';' or newlines, at most max_subtasks. None parsed: the whole
-    problem is one subtask (malformed). Too many: the first max_subtasks are kept (malformed)."""
-    parts = [p.strip() for p in re.split(r"[;\n]", text) if p.strip()]
+_LABELLED = re.compile(r"(?:verdict|judg(?:e)?ment|conclusion|assessment|evaluation|decision)\s*(?:is)?\s*[:\-=]?\s*"
+                       r"(not\s+correct|incorrect|correct|accept(?:ed)?|revise|wrong|right|invalid|valid|reject(?:ed)?)",
+                       re.I)
+_PHRASE = re.compile(r"\b(not\s+(?:\w+\s+)?correct|incorrect(?:ly)?|wrong|flawed|invalid|revise|correct|accept(?:ed)?|"
+                     r"valid|right)\b", re.I)
+_NEGATION_BEFORE = re.compile(r"\b(?:not|n't|never|isn't|aren't)\s+(?:\w+\s+){0,2}$", re.I)
+
+
+def _tolerant_verdict(body: str) -> Optional[str]:
+    for match in reversed(list(_BOXED.finditer(body))):
+        verdict = _word_verdict(match.group(1))
+        if verdict:
+            return verdict
+    labelled = list(_LABELLED.finditer(body))
+    if labelled:
+        return _word_verdict(labelled[-1].group(1))
+    lines = [line for line in body.splitlines() if line.strip() and not line.strip().upper().startswith("FEEDBACK")]
+    for line in reversed(lines[-3:]):  # the conclusion sits at the end of the reply
+        phrases = list(_PHRASE.finditer(line))
+        if phrases:
+            last = phrases[-1]
+            verdict = _word_verdict(last.group(1))
+            if verdict == ACCEPT and _NEGATION_BEFORE.search(line[: last.start()]):
+                return REVISE
+            return verdict
+    return None
+
+
+def _feedback(body: str) -> str:
+    """The text after the last `FEEDBACK:` label, else the reply without its boxed verdict."""
+    found = re.findall(r"feedback\s*[:\-]\s*(.+)", body, re.I)
+    text = found[-1] if found else _BOXED.sub("", body)
+    return " ".join(text.split())[:300]
+
+
+def parse_index(text: str, n: int, tolerant: bool = False, base: int = 0) -> Tuple[int, bool, bool]:
+    """(0-based index, malformed, fallback). tiny: a bare index in [0, n); anything else picks
+    candidate 0 and is malformed.
+
+    tolerant (Qwen3 prompts, solutions numbered from `base`, strict format one `\\boxed{N}`):
+    the last boxed number, else the last 'selected/choose/best solution is N' statement, else the
+    last 'Solution N' named in the final line, else a lone number on the final line; out of range
+    counts as not found; none: candidate 0 (the study's fallback)."""
+    if not tolerant:
+        stripped = text.strip()
+        if re.fullmatch(r"\d+", stripped) and int(stripped) < n:
+            return int(stripped), False, False
+        return 0, True, True
+    body = _plain(text)
+    boxed = [m.group(1) for m in _BOXED.finditer(visible(text))]
+    exact = (len(boxed) == 1 and re.fullmatch(r"\d+", boxed[0] or "") is not None
+             and base <= int(boxed[0]) < base + n and CODE_FENCE not in text)
+    for number in _index_candidates(body):
+        if base <= number < base + n:
+            return number - base, not exact, False
+    return 0, True, True
+
+
+_SOLUTION = r"(?:solution|candidate|option|answer|response)\s*(?:number|no\.?|#)?\s*"
+_SELECTED = re.compile(r"(?:select(?:ed|ion)?|choose|chose|choice|pick(?:ed)?|best\s+(?:\w+\s+){0,2}is|"
+                       r"most\s+likely\s+correct\s+(?:\w+\s+){0,2}is|go(?:ing)?\s+with)\s*(?:is)?\s*[:\-=]?\s*"
+                       r"(?:" + _SOLUTION + r")?(\d+)", re.I)
+_NAMED = re.compile(_SOLUTION + r"(\d+)", re.I)
+_ORDINALS = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5}
+_PRAISED = re.compile(r"(?:correct|best|right)\s+(?:one|solution|candidate|answer)\s+is\s+(?:" + _SOLUTION + r")?(\d+)|"
+                      + _SOLUTION + r"(\d+)\s+is\s+(?:the\s+)?(?:correct|best|right|most\s+likely)", re.I)
+_ORDINAL_CHOICE = re.compile(r"(?:go(?:ing)?\s+with|choose|select|pick|prefer)\s+the\s+(first|second|third|fourth|fifth)\b",
+                             re.I)
+
+
+def _index_candidates(body: str) -> List[int]:
+    """Numbers the reply states as its choice, most authoritative first."""
+    found: List[int] = []
+    for match in reversed(list(_BOXED.finditer(body))):
+        digits = re.findall(r"\d+", match.group(1) or "")
+        if len(digits) == 1:
+            found.append(int(digits[0]))
+    found += [int(m.group(1)) for m in reversed(list(_SELECTED.finditer(body)))]
+    found += [_ORDINALS[m.group(1).lower()] for m in reversed(list(_ORDINAL_CHOICE.finditer(body)))]
+    found += [int(m.group(1) or m.group(2)) for m in _PRAISED.finditer(body)][:1]  # the first praise is the verdict
+    lines = [line for line in body.splitlines() if line.strip()]
+    if lines:
+        last = lines[-1]
+        found += [int(m.group(1)) for m in reversed(list(_NAMED.finditer(last)))]
+        lone = re.fullmatch(r"\D*?(\d+)\D*", last.strip())
+        if lone:
+            found.append(int(lone.group(1)))
+    return found
+
+
+def parse_subtasks(text: str, max_subtasks: int, fallback: str, tolerant: bool = False) -> Tuple[List[str], bool, bool]:
+    """(subtasks, malformed, fallback). tiny: subtasks separated by ';' or newlines, at most
+    max_subtasks. None parsed: the whole problem is one subtask (malformed). Too many: the first
+    max_subtasks are kept (malformed).
+
+    tolerant (Qwen3 prompts, strict format `STRATEGY k: ...` lines numbered 1..m, m <= max):
+    'STRATEGY k:' items, else a numbered list ('1.', '1)', 'Step 1:'), else a bulleted list;
+    the first max_subtasks are kept; none: the whole problem (malformed, fallback)."""
+    if not tolerant:
+        parts = [p.strip() for p in re.split(r"[;\n]", text) if p.strip()]
+        if not parts:
+            return [fallback], True, True
+        if len(parts) > max_subtasks:
+            return parts[:max_subtasks], True, False
+        return parts, False, False
+    body = _plain(text)
+    strategies = re.findall(r"^[ \t>#]*strategy\s*(\d+)\s*[:.)\-–—]+\s*(.+?)\s*$", body, re.I | re.M)
+    items = strategies or re.findall(r"^[ \t>#]*(?:step\s*)?(\d+)\s*[.):\-–—]+\s+(.+?)\s*$", body, re.I | re.M)
+    items = items or [("", m) for m in re.findall(r"^[ \t]*[-*•]\s+(.+?)\s*$", body, re.M)]
+    parts = [_strip_label(item) for _, item in items if _strip_label(item)]
     if not parts:
-        return [fallback], True
-    if len(parts) > max_subtasks:
-        return parts[:max_subtasks], True
-    return parts, False
+        return [fallback], True, True
+    numbers = [int(k) for k, _ in strategies]
+    exact = bool(strategies) and numbers == list(range(1, len(numbers) + 1)) and len(numbers) <= max_subtasks \
+        and re.search(r"^\s*STRATEGY 1: ", visible(text), re.M) is not None
+    return parts[:max_subtasks], not exact, False
+
+
+def _strip_label(item: str) -> str:
+    """'[Algebra] set up ...' and 'Algebra: ...' keep their words; brackets the template showed go."""
+    return item.strip().strip("[]").strip()
 
 
 def parse_answer(text: str, extract) -> tuple[Optional[str], bool]:

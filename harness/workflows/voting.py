@@ -19,9 +19,10 @@ class Voting(Workflow):
         correct = [self.mark_answer(v, problem).correct for v in votes]
         answers = [self.answer_of(v) for v in votes]
         candidates = "\n".join(f"{i}: {a}" for i, a in enumerate(answers))
-        pick = await agents.ask("aggregator", 0, question=problem.question, candidates=candidates)
+        pick = await agents.ask("aggregator", 0, question=problem.question, candidates=candidates,
+                                solutions=self.numbered(votes))
         pick.stats["distinct_candidates"] = float(len(set(answers)))  # 1: the aggregator's pick cannot matter
-        index, pick.malformed = parse_index(pick.text, n)
-        pick.role_correct = (not pick.malformed) and correct[index]
+        index, pick.malformed, pick.fallback = parse_index(pick.text, n, self.style.tolerant, self.style.index_base)
+        pick.role_correct = (not pick.fallback) and correct[index]
         final = votes[index].text
         return Episode(problem, agents.turns, final, self.task.grade(problem, final))

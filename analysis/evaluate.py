@@ -1,0 +1,261 @@
+"""Evaluate saved checkpoints as the study does: pass@k of the cell's workflow per checkpoint.
+
+    python -m analysis.evaluate <run dir or sweep> --mode trained|base|single_agent_transfer --k 4
+        [--samples N] [--problems P] [--task aime --data-path aime.jsonl] [--temperature T]
+
+Modes (the SP/IP study's `evaluate_checkpoints`):
+- `trained`: every verified step checkpoint of the run (and `best/`), in the run's own workflow;
+- `base`: the base model in the same workflow (the adapters as initialised: LoRA's B = 0);
+- `single_agent_transfer`: the paired single-agent run's trained policy on every role of the
+  multi-agent workflow, per checkpoint of that run (does multi-agent training beat putting a
+  single-agent-trained model into the same workflow?).
+Each problem gets N sampled episodes (N >= k, at the run's temperature unless given); pass@k is
+the unbiased estimator 1 - C(n-c, k)/C(n, k) averaged over problems. Rows go to
+`<run>/eval_results.jsonl` (a re-run replaces the rows of the same mode, checkpoint, task and k);
+a checkpoint whose files do not match its manifest is recorded as damaged and never evaluated.
+The sweep report shows the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+MODES = ("trained", "base", "single_agent_transfer")
+RESULTS = "eval_results.jsonl"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with c correct among n samples (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def cell_config(run: Path):
+    """The run's resolved config from cell.yaml (as trained; no re-validation of its root)."""
+    from omegaconf import OmegaConf
+
+    from harness.config import CellConfig
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CellConfig), OmegaConf.load(run / "cell.yaml")))
+
+
+def checkpoints_of(run: Path) -> List[Tuple[str, Path, Optional[str]]]:
+    """(name, directory, problem or None) of every step checkpoint, oldest first, then best/."""
+    from harness.checkpoints import problem_with, step_of
+
+    root = run / "checkpoints"
+    found = sorted((p for p in root.glob("step_*") if p.is_dir()), key=step_of)
+    if (root / "best").is_dir():
+        found.append(root / "best")
+    return [(p.name, p, problem_with(p)) for p in found]
+
+
+def paired_single_run(run: Path, cfg) -> Optional[Path]:
+    """The paired single-agent run of a grid cell: same sweep directory, the grid's id for it."""
+    from grid.expand import cell_id
+
+    task_axis = (cfg.extra or {}).get("task_axis", cfg.task)
+    candidate = run.parent / cell_id({"topology": "single", "task": task_axis, "scale": cfg.scale, "seed": cfg.seed}, {})
+    return candidate if (candidate / "cell.yaml").is_file() else None
+
+
+class Evaluator:
+    """One run's workflow on an evaluation set, served by an engine whose weights come from a checkpoint."""
+
+    def __init__(self, cfg, task, model_dir: Path, policies: Sequence[str], policy_of, work_dir: Path):
+        from harness.controller import Controller
+        from harness.engines import build_engine
+        from harness.workflows import build_workflow
+
+        self.cfg, self.task = cfg, task
+        self.workflow = build_workflow(cfg, task)
+        self.engine = build_engine(cfg, model_dir, list(policies), work_dir)
+        self.controller = Controller(cfg, task, self.workflow, _Routing(policy_of), self.engine)
+
+    def pass_rates(self, problems, samples: int, k: int, seed: int) -> Dict[str, float]:
+        import torch
+
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            episodes, _ = self.controller.rollout(problems, samples, greedy=False)
+        correct: Dict[int, int] = {}
+        for episode in episodes:
+            correct[episode.group] = correct.get(episode.group, 0) + int(bool(episode.grade and episode.grade.correct))
+        per_problem = [correct.get(i, 0) for i in range(len(problems))]
+        return {"pass@1": sum(pass_at_k(samples, c, 1) for c in per_problem) / len(problems),
+                f"pass@{k}": sum(pass_at_k(samples, c, k) for c in per_problem) / len(problems),
+                "problems_solved": float(sum(c > 0 for c in per_problem))}
+
+    def close(self) -> None:
+        if hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
+
+
+class _Routing:
+    """A PolicyMap's one method the controller uses: which policy serves a role instance."""
+
+    def __init__(self, policy_of):
+        self.policy_of = policy_of
+
+
+def base_model_dir(run: Path) -> Path:
+    """The base model a run trained from (status.json), else the one its config prepares."""
+    from harness.tasks import build_task
+    from harness.warmup import prepare_model
+
+    status = run / "status.json"
+    recorded = json.loads(status.read_text()).get("model_dir") if status.is_file() else None
+    if recorded and (Path(recorded) / "config.json").is_file():
+        return Path(recorded)
+    cfg = cell_config(run)
+    return prepare_model(cfg, build_task(cfg), log=lambda *_: None)
+
+
+def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task_name: Optional[str] = None,
+                 data_path: Optional[str] = None, temperature: Optional[float] = None, log=print) -> List[dict]:
+    """Evaluate one run directory in `mode`; returns the rows written to its eval_results.jsonl."""
+    from harness.sharing import PolicyMap
+    from harness.tasks import build_task
+    from harness.workflows import build_workflow
+
+    cfg = cell_config(run)
+    model_dir = base_model_dir(run)
+    if temperature is not None:
+        cfg.algo.temperature = temperature
+    if task_name:
+        cfg.task, cfg.data.path = task_name, data_path
+    task = build_task(cfg)
+    eval_set = (task.problems("train") + task.problems("val")) if task_name else task.problems("val")
+    eval_set = eval_set[:problems]
+    roles = build_workflow(cfg, task).role_instances()
+    source, sources = run, []
+    if mode == "single_agent_transfer":
+        if cfg.topology == "single":
+            log(f"{run.name}: a single-agent run has nothing to transfer to; skipped")
+            return []
+        source = paired_single_run(run, cfg)
+        if source is None:
+            raise FileNotFoundError(f"{run.name}: no paired single-agent run beside it for single_agent_transfer")
+        transferred = PolicyMap.from_config(cell_config(source), [("solver", 0)]).policy_of("solver", 0)
+        policies, policy_of = [transferred], (lambda role, instance: transferred)
+    else:
+        policy_map = PolicyMap.from_config(cfg, roles)
+        policies, policy_of = policy_map.policies, policy_map.policy_of
+    sources = [("base", None, None)] if mode == "base" else checkpoints_of(source)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="marl-eval-") as work:
+        evaluator = Evaluator(cfg, task, model_dir, policies, policy_of, Path(work))
+        try:
+            for name, directory, problem in sources:
+                row = {"mode": mode, "checkpoint": name, "source_run": source.name, "task": cfg.task, "k": k,
+                       "samples": samples, "problems": len(eval_set), "temperature": cfg.algo.temperature}
+                if directory is not None:
+                    row["step"] = _trained_steps(directory)
+                if problem is not None:
+                    rows.append({**row, "status": "damaged", "reason": problem})
+                    log(f"{run.name} {mode} {name}: damaged checkpoint ({problem}); not evaluated")
+                    continue
+                started = time.time()
+                if directory is not None:
+                    evaluator.engine.load(directory)
+                rates = evaluator.pass_rates(eval_set, samples, k, seed=cfg.seed * 1_000_003 + 97)
+                rows.append({**row, "status": "ok", **rates, "seconds": round(time.time() - started, 2)})
+                log(f"{run.name} {mode} {name}: pass@1 {rates['pass@1']:.3f}, pass@{k} {rates[f'pass@{k}']:.3f}")
+        finally:
+            evaluator.close()
+    write_results(run, rows)
+    return rows
+
+
+def _trained_steps(directory: Path) -> Optional[int]:
+    trainer = directory / "trainer.yaml"
+    if not trainer.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    return int(OmegaConf.load(trainer)["step"])
+
+
+def write_results(run: Path, rows: List[dict]) -> None:
+    """Keep the rows of other (mode, checkpoint, task, k) and replace these, atomically."""
+    from harness.logging import read_jsonl, write_atomic
+
+    key = lambda r: (r.get("mode"), r.get("checkpoint"), r.get("task"), r.get("k"))  # noqa: E731
+    new = {key(r) for r in rows}
+    path = run / RESULTS
+    kept = [r for r in (read_jsonl(path) if path.is_file() else []) if key(r) not in new]
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept + rows))
+
+
+def load_results(sweep: Path):
+    """Every run's eval_results.jsonl as one table (cell_id first), or an empty frame."""
+    import pandas as pd
+
+    from analysis.load import find_runs
+    from harness.logging import read_jsonl
+
+    rows = [{"cell_id": run.name, **r} for run in find_runs(sweep) if (run / RESULTS).is_file()
+            for r in read_jsonl(run / RESULTS)]
+    return pd.DataFrame(rows)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", type=Path, help="a run directory (with cell.yaml) or a sweep directory")
+    parser.add_argument("--mode", default="trained", help=f"one of {', '.join(MODES)}")
+    parser.add_argument("--k", type=int, default=1, help="pass@k (samples per problem must be >= k)")
+    parser.add_argument("--samples", type=int, default=None, help="sampled episodes per problem (default: k)")
+    parser.add_argument("--problems", type=int, default=32, help="evaluation problems (the run's held-out split)")
+    parser.add_argument("--task", default=None, help="evaluate on another task (e.g. aime, math500) ...")
+    parser.add_argument("--data-path", default=None, help="... read from this file (all its problems)")
+    parser.add_argument("--temperature", type=float, default=None, help="default: the run's algo.temperature")
+    args = parser.parse_args(argv)
+    samples = args.samples or args.k
+    problem = _argument_problem(args, samples)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    from analysis.load import find_runs
+
+    runs = [args.path] if (args.path / "cell.yaml").is_file() else find_runs(args.path)
+    if not runs:
+        print(f"error: {args.path} holds no run directory (with cell.yaml)", file=sys.stderr)
+        return 2
+    try:
+        for run in runs:
+            evaluate_run(run, args.mode, args.k, samples, args.problems, args.task, args.data_path, args.temperature)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _argument_problem(args, samples: int) -> Optional[str]:
+    from harness.tasks import TASKS
+
+    if args.mode not in MODES:
+        return f"unknown mode '{args.mode}'; valid choices: {', '.join(MODES)}"
+    if args.k < 1 or samples < args.k:
+        return f"--k must be >= 1 and --samples >= k (got k={args.k}, samples={samples})"
+    if args.problems < 1:
+        return f"--problems must be >= 1, got {args.problems}"
+    if args.task is not None and args.task not in TASKS:
+        return f"unknown task '{args.task}'; valid choices: {', '.join(sorted(TASKS))}"
+    if (args.task is None) != (args.data_path is None) and args.task not in (None, "humaneval", "arith", "code-synth"):
+        return "--task and --data-path go together"
+    if args.data_path is not None and not Path(args.data_path).is_file():
+        return f"--data-path {args.data_path} does not exist"
+    if not args.path.is_dir():
+        return f"{args.path} is not a directory"
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

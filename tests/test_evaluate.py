@@ -1,0 +1,96 @@
+"""Checkpoint evaluation (analysis/evaluate.py) on a real tiny sweep: pass@k per checkpoint in the
+trained, base and single-agent-transfer modes, damaged checkpoints reported and skipped, the
+table in the sweep report."""
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from analysis.evaluate import evaluate_run, pass_at_k
+from harness.logging import read_jsonl
+from harness.run import run_cell
+from reports.sweep_report import build_sweep_report
+from tests.conftest import REPO, cell
+
+EVALUATE = [sys.executable, "-m", "analysis.evaluate"]
+
+
+def test_pass_at_k_is_the_chance_that_k_of_n_samples_hold_a_correct_one():
+    for n, c, k in [(5, 2, 1), (5, 2, 3), (6, 0, 2), (4, 4, 4), (8, 3, 5)]:
+        outcomes = [1] * c + [0] * (n - c)
+        subsets = list(itertools.combinations(outcomes, k))
+        assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, warm_model_dir):
+    root = tmp_path_factory.mktemp("eval")
+    common = ("sweep=ev", "steps=4", "ckpt_every=2", "val_every=100", "samples_every=0", "algo.problems_per_step=4")
+    for topology in ("single", "voting"):
+        cfg = cell(root, f"topology={topology}", *common)
+        assert run_cell(cfg, log=lambda *_: None) == "finished"
+    return root / "ev"
+
+
+def test_trained_base_and_transfer_modes_write_pass_at_k_per_checkpoint(sweep):
+    voting = sweep / "voting-ip-arith-tiny-m-s0"
+    trained = evaluate_run(voting, "trained", k=2, samples=4, problems=6, log=lambda *_: None)
+    assert [r["checkpoint"] for r in trained] == ["step_0000002", "step_0000004", "best"]
+    assert [r["step"] for r in trained[:2]] == [2, 4]
+    for row in trained:
+        assert row["status"] == "ok" and row["problems"] == 6 and row["samples"] == 4
+        assert 0.0 <= row["pass@1"] <= row["pass@2"] <= 1.0
+    again = evaluate_run(voting, "trained", k=2, samples=4, problems=6, log=lambda *_: None)
+    assert [r["pass@2"] for r in again] == [r["pass@2"] for r in trained]  # seeded: the same samples
+    base = evaluate_run(voting, "base", k=2, samples=4, problems=6, log=lambda *_: None)
+    assert [r["checkpoint"] for r in base] == ["base"] and "step" not in base[0]
+    transfer = evaluate_run(voting, "single_agent_transfer", k=2, samples=4, problems=6, log=lambda *_: None)
+    assert {r["source_run"] for r in transfer} == {"single-arith-tiny-m-s0"}
+    assert [r["checkpoint"] for r in transfer] == ["step_0000002", "step_0000004", "best"]
+    stored = read_jsonl(voting / "eval_results.jsonl")  # a re-run replaced its rows instead of adding
+    assert len(stored) == 3 + 1 + 3 and {r["mode"] for r in stored} == {"trained", "base", "single_agent_transfer"}
+    assert evaluate_run(sweep / "single-arith-tiny-m-s0", "single_agent_transfer", 1, 1, 2, log=lambda *_: None) == []
+
+
+def test_a_damaged_checkpoint_is_reported_not_evaluated(sweep):
+    single = sweep / "single-arith-tiny-m-s0"
+    weights = single / "checkpoints" / "step_0000002" / "engine.safetensors"
+    original = weights.read_bytes()
+    try:
+        weights.write_bytes(original[:-8] + b"damaged!")
+        rows = evaluate_run(single, "trained", k=1, samples=1, problems=3, log=lambda *_: None)
+    finally:
+        weights.write_bytes(original)
+    damaged = next(r for r in rows if r["checkpoint"] == "step_0000002")
+    assert damaged["status"] == "damaged" and "checksum" in damaged["reason"] and "pass@1" not in damaged
+    assert all(r["status"] == "ok" for r in rows if r["checkpoint"] != "step_0000002")
+
+
+def test_the_cli_and_the_sweep_report(sweep):
+    proc = subprocess.run(EVALUATE + [str(sweep), "--mode", "trained", "--k", "1", "--problems", "2"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "single-arith-tiny-m-s0 trained step_0000004: pass@1" in proc.stdout
+    for args, message in ((["--mode", "greedy"], "unknown mode 'greedy'; valid choices: trained, base"),
+                          (["--k", "4", "--samples", "2"], "--samples >= k"),
+                          (["--task", "aime"], "--task and --data-path go together")):
+        bad = subprocess.run(EVALUATE + [str(sweep), *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    empty = subprocess.run(EVALUATE + [str(sweep / "nothing-here")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 2 and "is not a directory" in empty.stderr
+    index = build_sweep_report(sweep, run_reports=False)
+    html, md = index.read_text(), (index.parent / "report.md").read_text()
+    assert "Checkpoint evaluation" in html and "## Checkpoint evaluation (pass@k)" in md
+    evaluated = [r for r in read_jsonl(sweep / "single-arith-tiny-m-s0" / "eval_results.jsonl") if r["status"] == "ok"]
+    assert evaluated and all(f"{r['pass@1']:.3f}" in md for r in evaluated)
+
+
+def test_evaluating_on_another_data_set(sweep, tmp_path):
+    rows = [{"problem": f"{a}+{b}", "answer": str(a + b)} for a, b in [(3, 4), (10, 5), (7, 7)]]
+    path = tmp_path / "extra.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = evaluate_run(sweep / "single-arith-tiny-m-s0", "trained", k=1, samples=2, problems=10, task_name="math500",
+                       data_path=str(path), log=lambda *_: None)
+    assert {r["task"] for r in out} == {"math500"} and {r["problems"] for r in out} == {3}  # all of the file

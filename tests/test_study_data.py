@@ -1,0 +1,116 @@
+"""The SP/IP study's data, on small files in each dataset's published format: DAPO-Math-17k
+(original and processed), AIME, MATH-500, DeepCoder (stdin/stdout and call-based tests, graded
+in the sandbox), plus the Parquet the hub serves them in."""
+import json
+import subprocess
+
+import pandas as pd
+import pytest
+
+from harness.config import CellConfig
+from harness.tasks import build_task
+from harness.tasks.code import deepcoder_tests
+from harness.tasks.math import dapo_problem
+from tests.conftest import REPO, python_cmd
+
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def task_for(name, path, **data):
+    cfg = CellConfig()
+    cfg.task, cfg.data.path, cfg.data.val_size = name, str(path), 1
+    for key, value in data.items():
+        setattr(cfg.data, key, value)
+    return build_task(cfg)
+
+
+def everything(task):
+    return task.problems("train") + task.problems("val")
+
+
+def test_dapo_math_keeps_the_problem_and_grades_its_integer_answer():
+    task = task_for("dapo-math", FIXTURES / "dapo_math_sample.jsonl")
+    problems = everything(task)
+    assert len(problems) == 8 and len(task.problems("val")) == 1
+    for p in problems:  # DAPO's own "Answer: $Answer" instruction is gone: our prompts ask for \boxed{}
+        assert "Answer:" not in p.question and not p.question.startswith("Solve the following")
+        assert task.grade(p, f"So the result is \\boxed{{{p.answer}}}.").correct
+        assert not task.grade(p, f"\\boxed{{{int(p.answer) + 1}}}").correct
+    triangle = next(p for p in problems if "triangle" in p.question)
+    assert triangle.answer == "13" and triangle.uid.startswith("dapo-9a9b6eb4")
+    processed = everything(task_for("dapo-math", FIXTURES / "dapo_math_processed_sample.jsonl"))
+    assert {p.question for p in processed} <= {p.question for p in problems}  # the same problems as strings
+
+
+def test_parquet_reads_like_jsonl(tmp_path):
+    rows = [json.loads(line) for line in (FIXTURES / "dapo_math_sample.jsonl").read_text().splitlines()]
+    pd.DataFrame(rows).to_parquet(tmp_path / "train.parquet")
+    from_parquet = everything(task_for("dapo-math", tmp_path / "train.parquet"))
+    from_jsonl = everything(task_for("dapo-math", FIXTURES / "dapo_math_sample.jsonl"))
+    assert sorted((p.uid, p.question, p.answer) for p in from_parquet) == sorted(
+        (p.uid, p.question, p.answer) for p in from_jsonl)
+
+
+def test_aime_and_math500_load_and_grade_with_math_verify():
+    aime = everything(task_for("aime", FIXTURES / "aime_sample.jsonl"))
+    assert len(aime) == 4 and {p.answer for p in aime} == {"231", "124", "890", "25"}
+    task = task_for("math500", FIXTURES / "math500_sample.jsonl")
+    problems = {p.uid: p for p in everything(task)}
+    assert len(problems) == 5 and problems["test/algebra/2592.json"].meta == {"subject": "Algebra", "level": 1}
+    polar = problems["test/precalculus/807.json"]
+    assert task.grade(polar, "Thus $\\boxed{(3, \\frac{\\pi}{2})}$.").correct  # equivalent LaTeX, not the same text
+    assert not task.grade(polar, "\\boxed{(3, \\pi)}").correct
+    assert task.grade(problems["test/prealgebra/1302.json"], "\\boxed{11\\sqrt{2}}").correct
+
+
+def test_deepcoder_tests_of_every_format_run_in_the_sandbox():
+    task = task_for("deepcoder", FIXTURES / "deepcoder_sample.jsonl")
+    rows = [json.loads(line) for line in (FIXTURES / "deepcoder_sample.jsonl").read_text().splitlines()]
+    kinds = []
+    for row in rows:
+        problem = next(p for p in everything(task) if p.question.startswith(row["problem"]))
+        kinds.append(problem.meta["kind"])
+        right = task.grade(problem, f"Here is my solution:\n```python\n{row['solution']}```")
+        wrong = task.grade(problem, f"```python\n{row['wrong']}```")
+        assert right.correct, (row["problem"], right.reason)
+        assert not wrong.correct and "wrong" in wrong.reason, (row["problem"], wrong.reason)
+    assert kinds.count("stdio") == 3 and kinds.count("call") == 2
+    two_sum = next(p for p in everything(task) if "twoSum" in p.question)
+    assert "class Solution" in two_sum.question  # the starter code is shown
+
+
+def test_deepcoder_programs_cannot_see_or_fake_the_expected_output():
+    """The expected output stays in the harness: a program that prints its stdin, reads files or
+    returns a lying object does not pass (all it can send back is a string or plain data)."""
+    task = task_for("deepcoder", FIXTURES / "deepcoder_sample.jsonl")
+    adder = next(p for p in everything(task) if p.question.startswith("Given two integers"))
+    for attack in ("import sys\nprint(sys.stdin.read())",
+                   "import os\nprint(os.listdir('/'))",
+                   "class Eq(str):\n    def __eq__(self, other): return True\nprint(Eq('3'))",
+                   "import builtins\nbuiltins.print = lambda *a, **k: None\n"):
+        assert not task.grade(adder, f"```python\n{attack}\n```").correct, attack
+
+
+def test_deepcoder_test_formats():
+    kind, cases, name = deepcoder_tests(json.dumps([{"input": "[1,2]\n3", "output": "true", "testtype": "functional"}]),
+                                        json.dumps({"func_name": "check"}))
+    assert (kind, cases, name) == ("call", [([[1, 2], 3], True)], "check")
+    kind, cases, name = deepcoder_tests({"inputs": ["1\n", "2\n"], "outputs": ["2\n", "4\n"]}, {})
+    assert (kind, cases, name) == ("stdio", [("1\n", "2\n"), ("2\n", "4\n")], None)
+    with pytest.raises(ValueError, match="function name"):
+        deepcoder_tests([{"input": "1", "output": "1", "testtype": "functional"}], {})
+
+
+def test_dapo_problem_reads_both_prompt_shapes():
+    text = ("Solve the following math problem step by step. The last line of your response should be of the form "
+            "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nWhat is 1+1?\n\n"
+            "Remember to put your answer on its own line after \"Answer:\".")
+    assert dapo_problem(text) == dapo_problem([{"role": "user", "content": text}]) == "What is 1+1?"
+
+
+@pytest.mark.parametrize("task", ["dapo-math", "aime", "math500", "deepcoder"])
+def test_a_study_task_without_its_file_is_one_error(tmp_path, task):
+    proc = subprocess.run(python_cmd() + [f"root={tmp_path}", f"task={task}", "scale=qwen3-tok"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and f"task {task} needs data.path" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())

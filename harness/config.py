@@ -24,6 +24,7 @@ LR_SCHEDULES = ("constant", "cosine")
 CLIP_SCOPES = ("policy", "cell")
 ADV_GROUPINGS = ("episode", "turn")
 ADV_NORMS = ("group", "agent")
+OUTCOME_SHARE_MODES = ("full", "split")
 
 
 class ConfigError(ValueError):
@@ -119,6 +120,9 @@ class RewardConfig:
     traj: float = 1.0  # final outcome, copied to every turn
     length: float = 0.0  # per response token (used to provoke length drift on purpose)
     per_role: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    gamma: float = 1.0  # UnityMAS-O's discount: the turn at workflow step t (1-based) counts gamma^(t-1)
+    outcome_share_mode: str = "full"  # full: the outcome on every turn; split: divided among the roles, then their turns
+    allocator: Optional[str] = None  # "module:function(episode, cfg) -> per-turn rewards", in place of the terms
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any, Dict, Optional, Sequence, Union, get_args, get_origin, g
 from omegaconf import OmegaConf
 
 from harness.config import (ACTIONS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, ENGINES, LOSS_AGG_MODES, LR_SCHEDULES,
+                            OUTCOME_SHARE_MODES,
                             SHARING_MODES, TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS,
                             CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
 from harness.mitigations import apply_mitigations, mitigation_names
@@ -241,6 +242,16 @@ def validate(cfg: CellConfig) -> None:
     _choose("gradient clipping scope (algo.clip_scope)", cfg.algo.clip_scope, CLIP_SCOPES)
     _choose("advantage grouping (algo.adv_grouping)", cfg.algo.adv_grouping, ADV_GROUPINGS)
     _choose("advantage normalisation (algo.adv_norm)", cfg.algo.adv_norm, ADV_NORMS)
+    _choose("outcome share mode (reward.outcome_share_mode)", cfg.reward.outcome_share_mode, OUTCOME_SHARE_MODES)
+    if not (math.isfinite(cfg.reward.gamma) and 0 < cfg.reward.gamma <= 1):
+        raise ConfigError(f"reward.gamma must be in (0, 1], got {cfg.reward.gamma}")
+    if cfg.reward.allocator:
+        from harness.rewards import load_allocator
+
+        try:
+            load_allocator(cfg.reward.allocator)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     mitigation_names(cfg.mitigation)
     if cfg.instrument.kl_every < 0:
         raise ConfigError(f"instrument.kl_every must be >= 0 (0: never), got {cfg.instrument.kl_every}")

@@ -19,8 +19,8 @@ from analysis.plots import role_curves, roles_of
 from reports.render import esc, image, kv_table, md_code, md_table, page, table, write
 
 ROLE_COLUMNS = [("grad_share", "grad share"), ("token_share", "token share"), ("turn_share", "turn share"),
-                ("response_length", "length"), ("format_ok", "format ok"), ("accuracy", "accuracy"),
-                ("grad_norm", "grad norm")]
+                ("response_length", "length"), ("format_ok", "format ok"), ("fallback", "fallback"),
+                ("accuracy", "accuracy"), ("grad_norm", "grad norm")]
 
 
 def _baseline_gain(run: Path) -> Optional[dict]:

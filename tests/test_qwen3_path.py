@@ -159,3 +159,21 @@ def test_bad_prompt_set_or_missing_tokenizer_is_one_error(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Qwen3's tokenizer is not set up" in proc.stderr and "make qwen3-tokenizer" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_the_engine_sends_qwen3_the_thinking_off_prompt(tmp_path):
+    """What the model is fed (Generation.prompt_ids) ends in the empty think block: the engines'
+    shared batched sampler (engines/sampling.generate_grouped, which both engines' generate and the
+    verl engine's token-in vLLM requests go through) renders the chat template with thinking off."""
+    from harness.engines.local import LocalEngine
+    from harness.tasks import build_task
+    from harness.warmup import prepare_model
+    from harness.workflows import Sampling
+
+    cfg = cell(tmp_path, "scale=qwen3-tok", "topology=single")
+    engine = LocalEngine(prepare_model(cfg, build_task(cfg)), ["shared"], cfg)
+    prompt = cfg.workflow.prompts["solver"].format(question="What is 2+3?")
+    (generation,) = engine.generate("shared", [prompt], Sampling(max_new_tokens=4))
+    fed = engine.tokenizer.decode(generation.prompt_ids)
+    assert fed.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and prompt in fed
+    assert 1 <= len(generation.response_ids) <= 4

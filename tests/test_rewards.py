@@ -1,0 +1,77 @@
+"""Rewards over the trajectory (UnityMAS-O): the discount per workflow step, the outcome shared in
+full or split among roles, and a user reward allocator; on real episodes of the tiny model."""
+import copy
+
+import pytest
+
+from harness.config import ConfigError
+from harness.controller import Controller
+from harness.engines.local import LocalEngine
+from harness.rewards import assign_rewards
+from harness.sharing import PolicyMap
+from harness.tasks import build_task
+from harness.workflows import build_workflow
+from tests.conftest import cell
+
+
+def _episodes(tmp_path, warm_model_dir, *overrides):
+    cfg = cell(tmp_path, *overrides)
+    task = build_task(cfg)
+    workflow = build_workflow(cfg, task)
+    policy_map = PolicyMap.from_config(cfg, workflow.role_instances())
+    controller = Controller(cfg, task, workflow, policy_map, LocalEngine(warm_model_dir, policy_map.policies, cfg))
+    import torch
+
+    torch.manual_seed(5)
+    episodes, _ = controller.rollout(controller.problems_for(0)[:4], 4, greedy=False)
+    return cfg, episodes
+
+
+def test_gamma_discounts_each_turn_by_its_workflow_step(tmp_path, warm_model_dir):
+    cfg, episodes = _episodes(tmp_path, warm_model_dir, "topology=eval_opt", "reward.turn=0.5")
+    discounted = copy.deepcopy(cfg.reward)
+    discounted.gamma = 0.5
+    assert any(len(e.turns) >= 3 for e in episodes)  # a draft, a verdict and a revision: several steps
+    for episode in episodes:
+        assign_rewards(episode, cfg.reward)
+        plain = [t.reward for t in episode.turns]
+        assign_rewards(episode, discounted)
+        assert [t.reward for t in episode.turns] == pytest.approx([r * 0.5 ** i for i, r in enumerate(plain)])
+        assert [t.index for t in episode.turns] == list(range(len(episode.turns)))
+
+
+def test_split_pays_the_outcome_once_per_episode(tmp_path, warm_model_dir):
+    cfg, episodes = _episodes(tmp_path, warm_model_dir, "topology=voting", "reward.outcome_share_mode=split")
+    for episode in episodes:
+        assign_rewards(episode, cfg.reward)
+        outcome = float(episode.grade.correct)
+        voters = [t.reward for t in episode.turns if t.role == "voter"]
+        (aggregator,) = [t.reward for t in episode.turns if t.role == "aggregator"]
+        assert voters == pytest.approx([outcome / 6] * 3) and aggregator == pytest.approx(outcome / 2)
+        assert sum(t.reward for t in episode.turns) == pytest.approx(outcome)
+    assert any(e.grade.correct for e in episodes)
+
+
+def test_a_user_allocator_writes_the_turn_rewards(tmp_path, warm_model_dir):
+    cfg, episodes = _episodes(tmp_path, warm_model_dir, "topology=voting",
+                              "reward.allocator=tests.reward_allocators:last_turn_pays", "reward.gamma=0.9")
+    for episode in episodes:
+        assign_rewards(episode, cfg.reward)
+        *early, last = [t.reward for t in episode.turns]
+        assert early == [0.0] * 3 and last == pytest.approx(float(episode.grade.correct) * 0.9 ** 3)
+    cfg.reward.allocator = "tests.reward_allocators:one_too_few"
+    with pytest.raises(ValueError, match="returned 3 rewards for 4 turns"):
+        assign_rewards(episodes[0], cfg.reward)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("reward.gamma=0", "reward.gamma must be in (0, 1]"),
+    ("reward.gamma=1.5", "reward.gamma must be in (0, 1]"),
+    ("reward.outcome_share_mode=half", "valid choices: full, split"),
+    ("reward.allocator=tests.reward_allocators", "must read 'package.module:function'"),
+    ("reward.allocator=tests.reward_allocators:missing", "cannot be loaded"),
+    ("reward.allocator=tests.reward_allocators:NOT_A_FUNCTION", "is not callable"),
+])
+def test_bad_reward_settings_are_one_error(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        cell(tmp_path, override)

@@ -1,5 +1,6 @@
 """The gradient probe against brute force: a separate backward per role instance."""
 import math
+import random
 
 import pytest
 import torch
@@ -33,6 +34,15 @@ def _setup(tmp_path, warm_model_dir, *overrides):
     return cfg, engine, [t for e in episodes for t in e.turns]
 
 
+def spread_advantages(turns, seed: int = 0) -> None:
+    """Seeded advantages in [-1, 1] on every turn: which groups of a rollout happen to score all alike
+    (advantage 0) depends on the warm model's build, and a mini-batch of zero advantages has no
+    gradient to compare. The probe and the engines are exact for any advantages."""
+    rng = random.Random(seed)
+    for turn in turns:
+        turn.advantage = rng.uniform(-1.0, 1.0)
+
+
 def _brute_force(engine, turns):
     """g_i for every (policy, slot) of each policy's first mini-batch from its own backward, with the
     mini-batch's normalisers (the first optimizer step is on-policy: ratio 1)."""
@@ -61,6 +71,7 @@ def _brute_force(engine, turns):
 def test_probe_matches_brute_force(tmp_path, warm_model_dir, topology, sharing, loss_agg):
     cfg, engine, turns = _setup(tmp_path, warm_model_dir, f"topology={topology}", f"sharing={sharing}",
                                 f"algo.loss_agg={loss_agg}", "algo.micro_batch_size=7")
+    spread_advantages(turns)
     expected = _brute_force(engine, turns)
     assert any(g.norm() > 0 for g in expected.values())
     probe = GradientProbe()

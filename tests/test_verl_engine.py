@@ -19,7 +19,7 @@ from harness.instrument.probe import GradientProbe
 from harness.logging import read_jsonl
 from harness.workflows import Sampling
 from tests.conftest import REPO, python_cmd
-from tests.test_probe import _setup
+from tests.test_probe import _setup, spread_advantages
 
 TOL = 1e-4
 # bench/gpu_check.sh runs the parity test on a GPU: MARL_VERL_DEVICE=cuda (fp32, sdpa attention)
@@ -79,6 +79,7 @@ def _compare(local_result, local_probe, verl_result, verl_probe) -> dict:
 ])
 def test_same_batch_same_numbers_on_both_engines(tmp_path, warm_model_dir, ray_session, overrides):
     cfg, local, turns = _setup(tmp_path, warm_model_dir, *overrides, *DEVICE_OVERRIDES)
+    spread_advantages(turns)
     verl = VerlEngine(warm_model_dir, local.policies, cfg, seed=0, work_dir=tmp_path / "engine")
     try:
         # the same adapters answer the same way (greedy) before any update

@@ -25,6 +25,7 @@ CLIP_SCOPES = ("policy", "cell")
 ADV_GROUPINGS = ("episode", "turn")
 ADV_NORMS = ("group", "agent")
 OUTCOME_SHARE_MODES = ("full", "split")
+ADV_ESTIMATORS = ("grpo", "gae")
 
 
 class ConfigError(ValueError):
@@ -106,6 +107,12 @@ class AlgoConfig:
     role_count_scaling: bool = False  # n same-type instances on a policy: mini-batches n x as large
     kl_coef: float = 0.0  # > 0: KL to the base model (adapter disabled)
     kl_coef_per_role: Dict[str, float] = field(default_factory=dict)  # a role's own beta (else kl_coef)
+    adv_estimator: str = "grpo"  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)
+    gae_gamma: float = 1.0  # GAE's discount over an episode's turns (verl's default 1.0)
+    gae_lambda: float = 1.0  # GAE's lambda (verl's default 1.0)
+    critic_lr: float = 1e-3  # the value heads' Adam
+    critic_steps: int = 4  # value-loss steps per training step
+    value_clip: float = 0.5  # verl's cliprange_value
     micro_batch_size: int = 64
     temperature: float = 1.0
     shared_prompt_forward: bool = True  # local engine: each distinct prompt runs once in the update (exact)

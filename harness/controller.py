@@ -49,6 +49,21 @@ class Controller:
         self.budgets = {r: int(cfg.workflow.role_max_new_tokens.get(r, cfg.workflow.max_new_tokens)) for r in roles}
         self.train_problems = task.problems("train")
         self.val_problems = task.problems("val")[: cfg.val_problems]
+        self.critic = None
+        if cfg.algo.adv_estimator == "gae":
+            from harness.algo.critic import TurnCritic
+
+            self.critic = TurnCritic(policy_map.policies, engine.hidden_size(), cfg.algo.critic_lr, cfg.algo.value_clip,
+                                     cfg.algo.critic_steps, cfg.seed)
+
+    def save(self, directory) -> None:
+        """What a checkpoint needs beyond the engine's weights: the critic, when there is one."""
+        if self.critic is not None:
+            self.critic.save(directory)
+
+    def load(self, directory) -> None:
+        if self.critic is not None:
+            self.critic.load(directory)
 
     def _seed(self, step: int, salt: int = 0) -> None:
         torch.manual_seed((self.cfg.seed * 1_000_003 + step) * 7 + salt)
@@ -77,13 +92,18 @@ class Controller:
         rollout_s = time.perf_counter() - started
         for episode in episodes:
             assign_rewards(episode, self.cfg.reward)
-        assign_advantages(episodes, self.cfg.algo.norm_adv_by_std, self.cfg.algo.adv_grouping,
-                          norm=self.cfg.algo.adv_norm)
+        if self.critic is None:
+            assign_advantages(episodes, self.cfg.algo.norm_adv_by_std, self.cfg.algo.adv_grouping,
+                              norm=self.cfg.algo.adv_norm)
+        else:
+            critic_batch = self._gae_advantages(episodes)
         probe = GradientProbe()
         update_started = time.perf_counter()
         update = self.engine.update([t for e in episodes for t in e.turns], probe, step)  # verl: + rollout weight sync
         update_s = time.perf_counter() - update_started
         metrics = rollout_metrics(episodes)
+        if self.critic is not None:
+            metrics.update(self._critic_update(critic_batch))
         metrics.update(gradient_metrics(probe))
         metrics.update(update_metrics(update))
         metrics["lr"] = self.cfg.algo.lr * lr_multiplier(self.cfg.algo, self.cfg.steps, step)
@@ -96,6 +116,53 @@ class Controller:
         metrics["time/step_s"] = time.perf_counter() - started
         metrics["time/generate_calls"] = float(len(scheduler.calls))
         return StepResult(metrics, episodes)
+
+    def _gae_advantages(self, episodes: List[Episode]) -> dict:
+        """Each turn's value from its policy's critic, GAE over every episode's turns, whitened over
+        the step; returns what the critic update needs (features, old values, returns per turn)."""
+        from harness.algo.critic import turn_gae, whiten
+
+        turns = [t for e in episodes for t in e.turns]
+        features, values = {}, {}
+        for policy in sorted({t.policy for t in turns}):
+            mine = [t for t in turns if t.policy == policy]
+            size = self.cfg.algo.micro_batch_size
+            chunks = [self.engine.prompt_features(policy, [t.prompt_ids for t in mine[i: i + size]])
+                      for i in range(0, len(mine), size)]
+            feats = torch.cat(chunks)
+            for turn, row, value in zip(mine, feats, self.critic.values(policy, feats).tolist()):
+                features[id(turn)], values[id(turn)] = row, value
+        advantages, returns = {}, {}
+        for episode in episodes:
+            adv, ret = turn_gae([t.reward for t in episode.turns], [values[id(t)] for t in episode.turns],
+                                self.cfg.algo.gae_gamma, self.cfg.algo.gae_lambda)
+            for turn, a, r in zip(episode.turns, adv, ret):
+                advantages[id(turn)], returns[id(turn)] = a, r
+        for turn, a in zip(turns, whiten([advantages[id(t)] for t in turns])):
+            turn.advantage = a
+        return {"turns": turns, "features": features, "values": values, "returns": returns, "raw": advantages}
+
+    def _critic_update(self, batch: dict) -> Dict[str, float]:
+        """Value-loss steps per policy; per role: mean value, raw advantage, value loss, explained variance."""
+        from harness.algo.critic import explained_variance, value_loss
+
+        turns, metrics = batch["turns"], {}
+        for policy in sorted({t.policy for t in turns}):
+            mine = [t for t in turns if t.policy == policy]
+            feats = torch.stack([batch["features"][id(t)] for t in mine])
+            old = torch.tensor([batch["values"][id(t)] for t in mine])
+            target = torch.tensor([batch["returns"][id(t)] for t in mine])
+            for key, value in self.critic.update(policy, feats, target, old).items():
+                metrics[f"policy/{policy}/{key}"] = value
+        for role in sorted({t.role for t in turns}):
+            mine = [t for t in turns if t.role == role]
+            old = torch.tensor([batch["values"][id(t)] for t in mine])
+            target = torch.tensor([batch["returns"][id(t)] for t in mine])
+            metrics[f"role/{role}/value"] = float(old.mean())
+            metrics[f"role/{role}/adv_mean"] = statistics.fmean(batch["raw"][id(t)] for t in mine)
+            metrics[f"role/{role}/value_loss"] = float(value_loss(old, target, old, self.cfg.algo.value_clip)[0])
+            metrics[f"role/{role}/explained_variance"] = explained_variance(target.tolist(), old.tolist())
+        return metrics
 
     @torch.no_grad()
     def validate(self, step: int) -> Dict[str, float]:

@@ -131,6 +131,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     checkpoint = resume.checkpoint
     if checkpoint is not None:
         engine.load(checkpoint)
+        controller.load(checkpoint)
         state = OmegaConf.to_container(OmegaConf.load(checkpoint / "trainer.yaml"))
         start, best = int(state["step"]), float(state["best_val"])
         log(f"resuming {cfg.cell_id} from step {start}")
@@ -163,6 +164,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     def save(step: int, best_val: float) -> Path:
         def write(directory: Path) -> None:
             engine.save(directory)
+            controller.save(directory)
             (directory / "trainer.yaml").write_text(OmegaConf.to_yaml({"step": step, "best_val": best_val}))
         return run_dir.save_checkpoint(step, write, keep=cfg.ckpt_keep)
 

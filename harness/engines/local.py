@@ -30,6 +30,30 @@ def norm_of(tensors: Sequence[torch.Tensor]) -> float:
     return float(torch.nn.utils.get_total_norm(list(tensors))) if tensors else 0.0
 
 
+def split_optimizer_state(state: dict, prefix: str, tensors: Dict[str, torch.Tensor]) -> dict:
+    """An optimizer's state_dict without pickle: its tensors go into `tensors` under `prefix`, the
+    plain rest (settings, step counts) is returned for JSON."""
+    per_param: Dict[str, dict] = {}
+    for index, values in state["state"].items():
+        for key, value in values.items():
+            if torch.is_tensor(value):
+                tensors[f"{prefix}{index}/{key}"] = value.detach().contiguous()
+            else:
+                per_param.setdefault(str(index), {})[key] = value
+    return {"param_groups": state["param_groups"], "plain_state": per_param, "indices": [int(i) for i in state["state"]]}
+
+
+def join_optimizer_state(entry: dict, prefix: str, tensors: Dict[str, torch.Tensor]) -> dict:
+    """The state_dict `split_optimizer_state` took apart."""
+    state = {}
+    for index in entry["indices"]:
+        values = dict(entry["plain_state"].get(str(index), {}))
+        head = f"{prefix}{index}/"
+        values.update({k[len(head):]: v for k, v in tensors.items() if k.startswith(head)})
+        state[index] = values
+    return {"state": state, "param_groups": entry["param_groups"]}
+
+
 class LocalEngine:
     def __init__(self, model_dir: Path, policies: List[str], cfg, seed: int = 0):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -75,6 +99,23 @@ class LocalEngine:
                                    sampling.temperature, sampling.greedy, tok.eos_token_id, tok.pad_token_id).tolist()
 
         return generate_grouped(tok, prompts, sample)
+
+    @torch.no_grad()
+    def prompt_features(self, policy: str, prompts: Sequence[List[int]]) -> torch.Tensor:
+        """(n, hidden) final hidden state at each prompt's last token under the policy's weights:
+        what its critic reads (algo.adv_estimator=gae)."""
+        self._activate(policy)
+        width = max(len(p) for p in prompts)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
+                         logits_to_keep=1)
+        return out.hidden_states[-1][:, -1].float()
+
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
 
     # ---------------------------------------------------------------- update
     def _log_probs(self, batch: Sequence[Turn]) -> ResponseLogProbs:
@@ -227,16 +268,7 @@ class LocalEngine:
         for policy in self.policies:
             for i, t in enumerate(self.params[policy]):
                 tensors[f"param/{policy}/{i}"] = t.detach().contiguous()
-            state = self.optimizers[policy].state_dict()
-            per_param = {}
-            for index, values in state["state"].items():
-                for key, value in values.items():
-                    if torch.is_tensor(value):
-                        tensors[f"optim/{policy}/{index}/{key}"] = value.detach().contiguous()
-                    else:
-                        per_param.setdefault(str(index), {})[key] = value
-            settings[policy] = {"param_groups": state["param_groups"], "plain_state": per_param,
-                                "indices": [int(i) for i in state["state"]]}
+            settings[policy] = split_optimizer_state(self.optimizers[policy].state_dict(), f"optim/{policy}/", tensors)
         save_file(tensors, str(Path(path) / "engine.safetensors"))
         (Path(path) / "optimizers.json").write_text(json.dumps(settings))
 
@@ -246,14 +278,5 @@ class LocalEngine:
         tensors = load_file(str(Path(path) / "engine.safetensors"))
         settings = json.loads((Path(path) / "optimizers.json").read_text())
         params = {p: [tensors[f"param/{p}/{i}"] for i in range(len(self.params[p]))] for p in self.policies}
-        optimizers = {}
-        for policy in self.policies:
-            entry = settings[policy]
-            state = {}
-            for index in entry["indices"]:
-                values = dict(entry["plain_state"].get(str(index), {}))
-                prefix = f"optim/{policy}/{index}/"
-                values.update({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
-                state[index] = values
-            optimizers[policy] = {"state": state, "param_groups": entry["param_groups"]}
+        optimizers = {p: join_optimizer_state(settings[p], f"optim/{p}/", tensors) for p in self.policies}
         self.load_state_dict({"params": params, "optimizers": optimizers})

@@ -1,0 +1,113 @@
+"""PPO with a GAE critic, UnityMAS-O's alternative to GRPO (`algo.adv_estimator=gae`).
+
+A workflow episode is a trajectory of turns s_1, ..., s_T (each the prompt a role acted on). Every
+model instance (policy) has a critic: a value head on the last prompt token's final hidden state
+of that policy's own model (adapter on, features detached, so the critic never moves the actor).
+The value of a state is the critic of the policy that acts there. Over each episode's turns:
+
+    delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)        (V after the last turn: 0)
+    A_t     = sum_l (gamma * lambda)^l * delta_{t+l},   R_t = A_t + V(s_t)
+
+as verl's `compute_gae_advantage_return` computes it with turns in place of tokens; the advantages
+are whitened over the step's turns (verl's masked_whiten), the value loss is verl's clipped one,
+0.5 * mean(max((V - R)^2, (clip(V, V_old +- c) - R)^2)).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+CRITIC_FILE = "critic.safetensors"
+CRITIC_SETTINGS = "critic_optimizers.json"
+
+
+def turn_gae(rewards: Sequence[float], values: Sequence[float], gamma: float, lam: float) -> Tuple[List[float], List[float]]:
+    """(advantages, returns) of one episode's turns, in order."""
+    advantages = [0.0] * len(rewards)
+    running, next_value = 0.0, 0.0
+    for t in reversed(range(len(rewards))):
+        delta = rewards[t] + gamma * next_value - values[t]
+        running = delta + gamma * lam * running
+        advantages[t], next_value = running, values[t]
+    return advantages, [a + v for a, v in zip(advantages, values)]
+
+
+def whiten(values: Sequence[float], eps: float = 1e-8) -> List[float]:
+    """(x - mean) / sqrt(var + eps) with the unbiased variance, as verl's masked_whiten."""
+    x = torch.tensor(list(values), dtype=torch.float64)
+    if len(x) < 2:
+        return [0.0] * len(x)
+    return ((x - x.mean()) * torch.rsqrt(x.var(unbiased=True) + eps)).tolist()
+
+
+def value_loss(predicted: torch.Tensor, returns: torch.Tensor, old: torch.Tensor, clip: float) -> Tuple[torch.Tensor, float]:
+    """verl's clipped value loss (token-mean over turns) and its clip fraction."""
+    clipped = torch.clamp(predicted, old - clip, old + clip)
+    plain, worst = (predicted - returns) ** 2, (clipped - returns) ** 2
+    return 0.5 * torch.max(plain, worst).mean(), float((worst > plain).float().mean())
+
+
+def explained_variance(returns: Sequence[float], values: Sequence[float]) -> float:
+    """1 - Var(R - V) / Var(R): 1 a perfect critic, 0 no better than a constant (nan: R constant)."""
+    r, v = torch.tensor(list(returns), dtype=torch.float64), torch.tensor(list(values), dtype=torch.float64)
+    if len(r) < 2 or float(r.var()) == 0.0:
+        return float("nan")
+    return float(1 - (r - v).var() / r.var())
+
+
+class TurnCritic:
+    """One value head per policy (model instance), each with its own Adam."""
+
+    def __init__(self, policies: Sequence[str], hidden: int, lr: float, clip: float, steps: int, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        self.heads: Dict[str, torch.nn.Linear] = {}
+        for policy in policies:
+            head = torch.nn.Linear(hidden, 1)
+            with torch.no_grad():
+                head.weight.copy_(0.01 * torch.randn(head.weight.shape, generator=generator))
+                head.bias.zero_()
+            self.heads[policy] = head
+        self.optimizers = {p: torch.optim.Adam(h.parameters(), lr=lr) for p, h in self.heads.items()}
+        self.clip, self.steps = clip, steps
+
+    @torch.no_grad()
+    def values(self, policy: str, features: torch.Tensor) -> torch.Tensor:
+        return self.heads[policy](features).squeeze(-1)
+
+    def update(self, policy: str, features: torch.Tensor, returns: torch.Tensor, old: torch.Tensor) -> Dict[str, float]:
+        """`steps` Adam steps of the clipped value loss on this step's turns of the policy."""
+        head, optimizer = self.heads[policy], self.optimizers[policy]
+        first = None
+        for _ in range(self.steps):
+            loss, clipfrac = value_loss(head(features).squeeze(-1), returns, old, self.clip)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if first is None:
+                first = (float(loss.detach()), clipfrac)
+        return {"value_loss": first[0], "value_clipfrac": first[1]}
+
+    def save(self, directory: Path) -> None:
+        """Heads and Adam state in safetensors, the optimizers' plain settings in JSON (as the engine's)."""
+        from safetensors.torch import save_file
+
+        from harness.engines.local import split_optimizer_state
+
+        tensors = {f"head/{p}/{k}": v.detach().contiguous() for p, h in self.heads.items() for k, v in h.state_dict().items()}
+        settings = {p: split_optimizer_state(o.state_dict(), f"optim/{p}/", tensors) for p, o in self.optimizers.items()}
+        save_file(tensors, str(Path(directory) / CRITIC_FILE))
+        (Path(directory) / CRITIC_SETTINGS).write_text(json.dumps(settings))
+
+    def load(self, directory: Path) -> None:
+        from safetensors.torch import load_file
+
+        from harness.engines.local import join_optimizer_state
+
+        tensors = load_file(str(Path(directory) / CRITIC_FILE))
+        settings = json.loads((Path(directory) / CRITIC_SETTINGS).read_text())
+        for policy, head in self.heads.items():
+            head.load_state_dict({k: tensors[f"head/{policy}/{k}"] for k in head.state_dict()})
+            self.optimizers[policy].load_state_dict(join_optimizer_state(settings[policy], f"optim/{policy}/", tensors))

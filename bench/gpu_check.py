@@ -26,6 +26,7 @@ def main() -> int:
     parser.add_argument("--sharing", default="ip")
     parser.add_argument("--device", default="cuda", help="cpu: rehearse the script on a machine without a GPU")
     parser.add_argument("--rollout", default="auto", help="verl rollout replicas: vllm, hf, auto")
+    parser.add_argument("--scale", default="tiny-m", help="qwen3-tok: Qwen3's tokenizer and prompts (thinking off)")
     args = parser.parse_args()
     import torch
 
@@ -37,14 +38,14 @@ def main() -> int:
     cell = [f"root={args.root}", "engine=verl", f"verl.device={args.device}", "verl.attn_implementation=sdpa",
             f"topology={args.topology}", f"sharing={args.sharing}", f"steps={args.steps}", "val_every=5",
             f"verl.rollout={args.rollout}", "progress=false", "report=false", "wandb.enabled=false",
-            f"sweep=gpu_check-{args.rollout}"]
+            f"scale={args.scale}", f"sweep=gpu_check-{args.rollout}-{args.scale}"]
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "harness.run", *cell], cwd=REPO, capture_output=True, text=True)
     wall = time.time() - started
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-6000:], sep="\n", file=sys.stderr)
         return 1
-    run = next((Path(args.root) / f"gpu_check-{args.rollout}").iterdir())
+    run = next((Path(args.root) / f"gpu_check-{args.rollout}-{args.scale}").iterdir())
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     step_s = statistics.median(m["time/step_s"] for m in metrics[1:]) if len(metrics) > 1 else metrics[0]["time/step_s"]
     print(f"cell {run.name}, rollout {args.rollout}: {len(metrics)} steps in {wall:.1f} s wall (with Ray start and warm-up); "

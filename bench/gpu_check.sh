@@ -4,7 +4,9 @@
 #   1. the parity test on CUDA: engine=local (CPU) and engine=verl (CUDA, fp32) on the same batch
 #      give the same per-role losses, grad norms and coherence (1e-4);
 #   2. one short engine=verl cell (voting, IP, bf16) with the HF rollout replicas, and one with
-#      vLLM rollout replicas (LoRA, hybrid mode) when vllm is installed: steps/s, per-role metrics.
+#      vLLM rollout replicas (LoRA, hybrid mode) when vllm is installed: steps/s, per-role metrics;
+#   3. with vLLM and Qwen3's tokenizer in the cache (make qwen3-tokenizer, before the machine goes
+#      offline): the same cell on scale=qwen3-tok, Qwen3's prompts with thinking off through vLLM.
 # Output goes to stdout and, if $OUT is set, to $OUT/gpu_check.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,11 @@ export WANDB_MODE=offline OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} MARL_VERL_DEVICE
   $PY bench/gpu_check.py --root "${OUT:-/tmp}/gpu_check_runs" --steps "${STEPS:-10}" --rollout hf
   if $PY -c "import vllm" 2>/dev/null; then
     $PY bench/gpu_check.py --root "${OUT:-/tmp}/gpu_check_runs" --steps "${STEPS:-10}" --rollout vllm
+    if $PY -c "from harness import qwen3_tokenizer; raise SystemExit(bool(qwen3_tokenizer.problem()))"; then
+      $PY bench/gpu_check.py --root "${OUT:-/tmp}/gpu_check_runs" --steps 3 --rollout vllm --scale qwen3-tok
+    else
+      echo "gpu_check: Qwen3's tokenizer is not in the cache; the qwen3-tok vLLM run was not done"
+    fi
   else
     echo "gpu_check: vllm is not installed; the vLLM rollout was not run"
   fi

@@ -21,10 +21,9 @@ from typing import Any, Dict, Optional, Sequence, Union, get_args, get_origin, g
 
 from omegaconf import OmegaConf
 
-from harness.config import (ACTIONS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, ENGINES, LOSS_AGG_MODES, LR_SCHEDULES,
-                            ADV_ESTIMATORS, OUTCOME_SHARE_MODES,
-                            SHARING_MODES, TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS,
-                            CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
+from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, ENGINES, LOSS_AGG_MODES,
+                            LR_SCHEDULES, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS,
+                            VERL_RAY_UP, VERL_ROLLOUTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
 from harness.mitigations import apply_mitigations, mitigation_names
 from harness.models import SCALES, RandomQwen3, is_tiny, positions_of, resolve_model_path
 from harness.sharing import PolicyMap

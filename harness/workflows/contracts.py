@@ -4,7 +4,8 @@
 Two things are told apart for every judging turn:
 - `malformed`: the reply does not follow its instruction exactly (format compliance, strict);
 - `fallback`: no meaning could be read at all, so the documented default was used.
-The tiny model's contracts are exact replies, parsed strictly (malformed == fallback). Real
+The tiny model's contracts are exact replies, parsed strictly (a malformed reply is a fallback,
+but for a REVISE whose feedback is outside the task's vocabulary). Real
 models (`tolerant=True`) wrap the statement in reasoning, markdown or a leaked `<think>` block:
 their parsers read the last well-formed statement anywhere in the reply, so a verdict with an
 explanation around it counts as that verdict and only its strict format check fails.

@@ -313,11 +313,15 @@ def register_configs() -> None:
 
 
 def default_cell_id(cfg: CellConfig) -> str:
-    """Readable and stable: the same axis values give the same id on every machine."""
+    """Readable and stable: the same axis values give the same id on every machine. A graph
+    topology reads as its file's name (`my_flow.yaml` -> `my_flow`, `graph:voting` -> `graph-voting`)."""
     tail = "" if cfg.mitigation == "none" else f"-mitigation={cfg.mitigation}"
     if cfg.topology == "single":
         return f"single-{cfg.task}-{cfg.scale}-s{cfg.seed}{tail}"
-    return f"{cfg.topology}-{cfg.sharing}-{cfg.task}-{cfg.scale}-s{cfg.seed}{tail}"
+    topology = cfg.topology.replace("graph:", "graph-")
+    if topology.endswith((".yaml", ".yml")):
+        topology = topology.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    return f"{topology}-{cfg.sharing}-{cfg.task}-{cfg.scale}-s{cfg.seed}{tail}"
 
 
 def kl_beta(algo: AlgoConfig, role: str) -> float:

@@ -44,7 +44,7 @@ class Controller:
         self.workflow = workflow
         self.policy_map = policy_map
         self.engine = engine
-        self.prompts = resolve_prompts(dict(cfg.workflow.prompts))
+        self.prompts = {**workflow.templates(), **resolve_prompts(dict(cfg.workflow.prompts))}
         roles = [r.name for r in workflow.roles()]
         self.budgets = {r: int(cfg.workflow.role_max_new_tokens.get(r, cfg.workflow.max_new_tokens)) for r in roles}
         self.train_problems = task.problems("train")

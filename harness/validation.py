@@ -30,6 +30,7 @@ from harness.sharing import PolicyMap
 from harness.tasks import CODE_TASKS, NEEDS_PATH, TASKS, WARMUP_TASKS
 from harness.tasks.jail import JailUnavailable, find_jail
 from harness.workflows import WORKFLOWS, build_workflow
+from harness.workflows.graph import is_graph_topology
 from harness.workflows.prompts import apply_prompt_set
 
 
@@ -195,7 +196,8 @@ def _check_budgets(cfg: CellConfig, model_path: Optional[Path]) -> None:
 
 def validate(cfg: CellConfig) -> None:
     """Raise ConfigError for anything that would fail later; touches nothing on disk but model paths."""
-    _choose("topology", cfg.topology, TOPOLOGIES)
+    if not is_graph_topology(cfg.topology):
+        _choose("topology", cfg.topology, TOPOLOGIES + ("graph:<name>", "<path to a workflow graph .yaml>"))
     _choose("sharing mode", cfg.sharing, SHARING_MODES)
     _choose("task", cfg.task, sorted(TASKS))
     _choose("scale", cfg.scale, list(SCALES))
@@ -313,8 +315,16 @@ def validate(cfg: CellConfig) -> None:
     # the workflow checks its own roles against sharing groups and prompt overrides
     workflow = build_workflow(cfg)
     PolicyMap.from_config(cfg, workflow.role_instances())
+    if is_graph_topology(cfg.topology):
+        templates = {**workflow.templates(), **cfg.workflow.prompts}
+        for node in workflow.spec.nodes.values():
+            name = node.prompt or node.role
+            if node.role is not None and name not in templates:
+                raise ConfigError(f"graph node {node.id} uses prompt template '{name}', which neither the cell nor the "
+                                  f"graph's prompts: define; defined: {', '.join(sorted(templates))}")
     # per-role settings may name roles of other topologies (one sweep, many topologies), not typos
-    known = sorted({r.name for w in WORKFLOWS.values() for r in w(None, cfg.workflow).roles()})
+    known = sorted({r.name for w in WORKFLOWS.values() for r in w(None, cfg.workflow).roles()}
+                   | {r.name for r in workflow.roles()})
     for where, roles in (("workflow.role_max_new_tokens", cfg.workflow.role_max_new_tokens),
                          ("reward.per_role", cfg.reward.per_role)):
         unknown = sorted(set(roles) - set(known))

@@ -14,8 +14,13 @@ WORKFLOWS: Dict[str, Type[Workflow]] = {w.name: w for w in (Single, EvalOpt, Vot
 
 def build_workflow(cfg, task=None) -> Workflow:
     """The cell's workflow; without a task (validation only) roles are still known."""
+    from harness.workflows.graph import GraphWorkflow, graph_source, is_graph_topology, load_graph
+
+    if is_graph_topology(cfg.topology):
+        return GraphWorkflow(task, cfg.workflow, load_graph(graph_source(cfg.topology)))
     if cfg.topology not in WORKFLOWS:
-        raise ValueError(f"unknown topology '{cfg.topology}'; valid choices: {', '.join(WORKFLOWS)}")
+        raise ValueError(f"unknown topology '{cfg.topology}'; valid choices: {', '.join(WORKFLOWS)}, "
+                         f"graph:<name> or a workflow graph's YAML file")
     return WORKFLOWS[cfg.topology](task, cfg.workflow)
 
 

@@ -167,6 +167,10 @@ class Workflow(ABC):
     async def episode(self, problem: Problem, agents: Agents) -> Episode:
         ...
 
+    def templates(self) -> Dict[str, str]:
+        """Prompt templates the workflow brings itself (a graph's `prompts:`), besides the cell's."""
+        return {}
+
     def role_instances(self) -> List[Tuple[str, int]]:
         return [(r.name, i) for r in self.roles() for i in range(r.instances)]
 

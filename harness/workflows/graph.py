@@ -1,0 +1,412 @@
+"""Workflows as graphs (UnityMAS-O's G = (V, E)), written in YAML or as a dict, compiled to the same
+async episode program the scheduler batches.
+
+A graph names its roles (each with an output contract and an instance count) and its nodes; a
+node is one LLM role call, several calls of one role at once, or a tool (a Python callable).
+Execution starts at the first node and, after each node, follows the first outgoing edge whose
+condition holds; it ends where no edge fires. A cycle must pass through a conditional edge with
+`max_rounds`, so every loop is bounded.
+
+    name: vote3
+    roles: {voter: {contract: answer, instances: 3}, aggregator: {contract: index}}
+    nodes:
+      votes: {role: voter, fan_out: 3, inputs: {question: question}}
+      pick:  {role: aggregator, over: votes,
+              inputs: {question: question, candidates: votes.candidates, solutions: votes.solutions}}
+    edges: [[votes, pick]]
+    final: pick
+
+Nodes by their role's contract, and the state fields they write (read as `<node>.<field>`):
+- answer: `text` (the reply, stripped), `answer` (what the task extracts, '?' when none), `correct`; with `fan_out: n`
+  (n instances at once; a number or `workflow.<field>`) or `for_each: <node>.items` (one instance
+  per item, the item bound as `item`): `candidates` ('0: 12' lines), `solutions` (full replies
+  numbered as the prompt set numbers them), `results` (the answers joined by '; '). `grade:
+  problem` (default: graded against the problem) or `item` (a worker's part, as orch_workers).
+- index (`over: <answer node with several replies>`): picks one; `chosen` (its text), `index`.
+- verdict (`judges: <answer node>`): `accept`, `revise` (booleans for edge conditions), `feedback`.
+- subtasks: `items` (at most `workflow.max_subtasks`).
+- tool (`tool: package.module:function`, no role): `value`, the callable's return for the state.
+A graph may define its own templates under `prompts:` (name -> text with `{field}`s).
+Inputs map a prompt field to `question`, `item`, `workflow.<field>` or `<node>.<field>`; a node
+may `writes: <other node>` to replace that node's result (a revision replaces the draft); `prompt`
+names its template (default: the role's). `final` is the node whose text is the episode's answer.
+Load-time checks (unknown role or node, a cycle without a bound, an unreachable node, a field no
+node writes) raise one ConfigError naming what is wrong.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+from asyncio import gather
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from harness.config import ConfigError
+from harness.workflows.base import Agents, Episode, RoleSpec, Turn, Workflow
+from harness.workflows.contracts import ACCEPT, parse_index, parse_subtasks, parse_verdict
+
+CONTRACTS = ("answer", "index", "verdict", "subtasks")
+FIELDS = {
+    "answer": ("text", "answer", "correct"),
+    "answers": ("candidates", "solutions", "results"),
+    "index": ("chosen", "index"),
+    "verdict": ("accept", "revise", "feedback"),
+    "subtasks": ("items",),
+    "tool": ("value", "text", "answer"),
+}
+NODE_KEYS = {"role", "prompt", "inputs", "fan_out", "for_each", "over", "judges", "writes", "grade", "tool"}
+
+
+class GraphError(ConfigError):
+    """A graph that cannot run; the message names the node or field."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    id: str
+    role: Optional[str]
+    kind: str  # answer | answers | index | verdict | subtasks | tool
+    prompt: Optional[str] = None
+    inputs: Dict[str, str] = field(default_factory=dict)
+    fan_out: Any = None
+    for_each: Optional[str] = None
+    over: Optional[str] = None
+    judges: Optional[str] = None
+    writes: Optional[str] = None
+    grade: str = "problem"
+    tool: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    source: str
+    target: str
+    when: Optional[str] = None  # "<node>.<boolean field>"
+    max_rounds: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    name: str
+    roles: Dict[str, Tuple[str, Any]]  # role -> (contract, instances: int or "workflow.<field>")
+    nodes: Dict[str, NodeSpec]
+    edges: List[EdgeSpec]
+    final: str
+    prompts: Dict[str, str] = field(default_factory=dict)  # the graph's own templates, by name
+
+
+def read_graph(source) -> dict:
+    """A graph's plain data from a YAML file (a path) or a dict."""
+    if isinstance(source, dict):
+        return source
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise GraphError(f"workflow graph {source} does not exist")
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise GraphError(f"workflow graph {source} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise GraphError(f"workflow graph {source} must be a mapping with roles, nodes, edges and final")
+    data.setdefault("name", path.stem)
+    return data
+
+
+def parse_graph(data: dict) -> GraphSpec:
+    """Check a graph's plain data and build its spec; GraphError on the first problem."""
+    missing = [k for k in ("roles", "nodes", "final") if k not in data]
+    if missing:
+        raise GraphError(f"workflow graph {data.get('name', '?')} lacks {', '.join(missing)}")
+    roles = {}
+    for name, role in (data["roles"] or {}).items():
+        contract = (role or {}).get("contract", "answer")
+        if contract not in CONTRACTS:
+            raise GraphError(f"role {name}: unknown contract '{contract}'; valid choices: {', '.join(CONTRACTS)}")
+        roles[str(name)] = (contract, (role or {}).get("instances", 1))
+    nodes: Dict[str, NodeSpec] = {}
+    for node_id, raw in (data["nodes"] or {}).items():
+        raw = dict(raw or {})
+        unknown = sorted(map(str, set(raw) - NODE_KEYS))
+        if unknown:
+            raise GraphError(f"node {node_id}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(NODE_KEYS))}")
+        nodes[str(node_id)] = _node(str(node_id), raw, roles)
+    edges = []
+    for edge in data.get("edges") or []:
+        edge = list(edge)
+        options = edge[2] if len(edge) > 2 else {}
+        if len(edge) < 2 or not isinstance(options, dict):
+            raise GraphError(f"edge {edge}: write [source, target] or [source, target, {{when: ..., max_rounds: ...}}]")
+        edges.append(EdgeSpec(str(edge[0]), str(edge[1]), options.get("when"), options.get("max_rounds")))
+    prompts = {str(k): str(v) for k, v in (data.get("prompts") or {}).items()}
+    spec = GraphSpec(str(data.get("name", "graph")), roles, nodes, edges, str(data["final"]), prompts)
+    _check(spec)
+    return spec
+
+
+def _node(node_id: str, raw: dict, roles) -> NodeSpec:
+    if "tool" in raw:
+        return NodeSpec(node_id, None, "tool", inputs=dict(raw.get("inputs") or {}), tool=str(raw["tool"]),
+                        writes=raw.get("writes"))
+    role = raw.get("role")
+    if role not in roles:
+        raise GraphError(f"node {node_id}: unknown role '{role}'; the graph's roles: {', '.join(roles)}")
+    kind = roles[role][0]
+    if kind == "answer" and (raw.get("fan_out") is not None or raw.get("for_each")):
+        kind = "answers"
+    grade = raw.get("grade", "problem")
+    if grade not in ("problem", "item"):
+        raise GraphError(f"node {node_id}: grade must be problem or item, got '{grade}'")
+    return NodeSpec(node_id, str(role), kind, raw.get("prompt"), {str(k): str(v) for k, v in (raw.get("inputs") or {}).items()},
+                    raw.get("fan_out"), raw.get("for_each"), raw.get("over"), raw.get("judges"), raw.get("writes"), grade)
+
+
+def _check(spec: GraphSpec) -> None:
+    nodes = spec.nodes
+    if not nodes:
+        raise GraphError(f"workflow graph {spec.name} has no nodes")
+    for edge in spec.edges:
+        for end in (edge.source, edge.target):
+            if end not in nodes:
+                raise GraphError(f"edge {edge.source} -> {edge.target}: unknown node '{end}'")
+        if edge.max_rounds is not None and (not isinstance(edge.max_rounds, (int, str)) or edge.when is None):
+            raise GraphError(f"edge {edge.source} -> {edge.target}: max_rounds goes with a condition (when:)")
+        if edge.when is not None:
+            _field_ref(spec, edge.when, f"edge {edge.source} -> {edge.target}")
+    if spec.final not in nodes:
+        raise GraphError(f"final names unknown node '{spec.final}'")
+    for node in nodes.values():
+        where = f"node {node.id}"
+        for name, ref in node.inputs.items():
+            if ref not in ("question", "item") and not ref.startswith("workflow."):
+                _field_ref(spec, ref, where)
+            if ref == "item" and not node.for_each:
+                raise GraphError(f"{where}: input {name} reads 'item', which only a for_each node has")
+        for attr, kinds in (("over", ("answers",)), ("judges", ("answer",)), ("writes", (node.kind,))):
+            target = getattr(node, attr)
+            if target is not None and (target not in nodes or nodes[target].kind not in kinds):
+                raise GraphError(f"{where}: {attr} must name a node of kind {'/'.join(kinds)}, got '{target}'")
+        if node.kind == "index" and node.over is None:
+            raise GraphError(f"{where}: an index node picks among the replies of a fan-out node: add over: <node>")
+        if node.kind == "verdict" and node.judges is None:
+            raise GraphError(f"{where}: a verdict node judges an answer node: add judges: <node>")
+        if node.for_each:
+            _field_ref(spec, node.for_each, where)
+    _check_reachable(spec)
+    _check_bounded(spec)
+
+
+def _field_ref(spec: GraphSpec, ref: str, where: str) -> None:
+    node, _, name = ref.partition(".")
+    if node not in spec.nodes:
+        raise GraphError(f"{where}: '{ref}' names unknown node '{node}'")
+    target = spec.nodes[node]
+    written = FIELDS[target.kind] + (FIELDS["answer"] if target.kind == "answers" else ())
+    writers = [n for n in spec.nodes.values() if n.writes == node]  # a revision that replaces this node's result
+    written += tuple(f for n in writers for f in FIELDS[n.kind])
+    if name not in written:
+        raise GraphError(f"{where}: no node writes '{ref}' (node {node} writes {', '.join(written)})")
+
+
+def _check_reachable(spec: GraphSpec) -> None:
+    start = next(iter(spec.nodes))
+    seen, frontier = {start}, [start]
+    while frontier:
+        here = frontier.pop()
+        for edge in spec.edges:
+            if edge.source == here and edge.target not in seen:
+                seen.add(edge.target)
+                frontier.append(edge.target)
+    unreachable = [n for n in spec.nodes if n not in seen]
+    if unreachable:
+        raise GraphError(f"node(s) {', '.join(unreachable)} cannot be reached from the first node {start}")
+
+
+def _check_bounded(spec: GraphSpec) -> None:
+    """Without its bounded (max_rounds) edges the graph must have no cycle."""
+    free = [e for e in spec.edges if e.max_rounds is None]
+    state: Dict[str, int] = {}
+
+    def visit(node: str, path: List[str]) -> None:
+        state[node] = 1
+        for edge in free:
+            if edge.source != node:
+                continue
+            if state.get(edge.target) == 1:
+                cycle = path[path.index(edge.target):] + [edge.target]
+                raise GraphError(f"unbounded loop {' -> '.join(cycle)}: give one of its edges a condition and max_rounds")
+            if edge.target not in state:
+                visit(edge.target, path + [edge.target])
+        state[node] = 2
+
+    for node in spec.nodes:
+        if node not in state:
+            visit(node, [node])
+
+
+def load_graph(source) -> GraphSpec:
+    return parse_graph(read_graph(source))
+
+
+def _import(path: str):
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise GraphError(f"tool '{path}' cannot be loaded: {exc}") from None
+
+
+@dataclass
+class _Result:
+    turns: List[Turn]
+    fields: Dict[str, Any]
+    grade: Any = None
+
+
+class GraphWorkflow(Workflow):
+    """A graph's episode program: the same asks, in the same order, as a hand-written workflow."""
+
+    def __init__(self, task, cfg, spec: GraphSpec):
+        self.spec = spec
+        self.name = spec.name
+        super().__init__(task, cfg)
+        self.tools = {n.id: _import(n.tool) for n in spec.nodes.values() if n.kind == "tool"}
+
+    def _count(self, value) -> int:
+        """A number, or `workflow.<field>` with an optional `+ k` / `- k` (e.g. `workflow.max_iterations - 1`)."""
+        if isinstance(value, str):
+            match = re.fullmatch(r"workflow\.(\w+)\s*(?:([+-])\s*(\d+))?", value.strip())
+            if not match or not hasattr(self.cfg, match.group(1)):
+                raise GraphError(f"'{value}' is not a number or workflow.<field> [+- k]")
+            offset = int(match.group(3) or 0) * (-1 if match.group(2) == "-" else 1)
+            return int(getattr(self.cfg, match.group(1))) + offset
+        return int(value)
+
+    def templates(self) -> Dict[str, str]:
+        return dict(self.spec.prompts)
+
+    def roles(self) -> List[RoleSpec]:
+        return [RoleSpec(name, contract, self._count(instances)) for name, (contract, instances) in self.spec.roles.items()]
+
+    async def episode(self, problem, agents: Agents) -> Episode:
+        state: Dict[str, _Result] = {}
+        rounds: Dict[int, int] = {}
+        node = next(iter(self.spec.nodes))
+        while node is not None:
+            spec = self.spec.nodes[node]
+            result = await self._run(spec, problem, agents, state)
+            state[spec.writes or spec.id] = result
+            if spec.writes:
+                state[spec.id] = result
+            node = self._next(node, state, rounds)
+        final = state[self.spec.final]
+        if "chosen" in final.fields:
+            text = final.fields["chosen"]
+        else:
+            text = final.turns[0].text if final.turns else final.fields["text"]
+        grade = final.grade if final.grade is not None and "chosen" not in final.fields else self.task.grade(problem, text)
+        return Episode(problem, agents.turns, text, grade)
+
+    def _next(self, node: str, state, rounds) -> Optional[str]:
+        for index, edge in enumerate(self.spec.edges):
+            if edge.source != node:
+                continue
+            if edge.when is not None:
+                ref, _, name = edge.when.partition(".")
+                if not state[ref].fields.get(name):
+                    continue
+                if edge.max_rounds is not None:
+                    if rounds.get(index, 0) >= self._count(edge.max_rounds):
+                        continue
+                    rounds[index] = rounds.get(index, 0) + 1
+            return edge.target
+        return None
+
+    def _fields(self, spec: NodeSpec, problem, state, item: Optional[str] = None) -> Dict[str, str]:
+        values = {}
+        for name, ref in spec.inputs.items():
+            if ref == "question":
+                values[name] = problem.question
+            elif ref == "item":
+                values[name] = item
+            elif ref.startswith("workflow."):
+                values[name] = str(getattr(self.cfg, ref.split(".", 1)[1]))
+            else:
+                node, _, key = ref.partition(".")
+                values[name] = state[node].fields[key]
+        return values
+
+    async def _run(self, spec: NodeSpec, problem, agents: Agents, state) -> _Result:
+        if spec.kind == "tool":
+            value = self.tools[spec.id](**self._fields(spec, problem, state))
+            return _Result([], {"value": value, "text": str(value), "answer": str(value)})
+        if spec.kind == "answers":
+            return await self._answers(spec, problem, agents, state)
+        turn = await agents.ask(spec.role, 0, spec.prompt, **self._fields(spec, problem, state))
+        if spec.kind == "answer":
+            grade = self.mark_answer(turn, problem)
+            return _Result([turn], {"text": turn.text.strip(), "answer": self.answer_of(turn), "correct": grade.correct}, grade)
+        if spec.kind == "index":
+            over = state[spec.over]
+            answers = [self.answer_of(t) for t in over.turns]
+            turn.stats["distinct_candidates"] = float(len(set(answers)))  # 1: the pick cannot matter
+            index, turn.malformed, turn.fallback = parse_index(turn.text, len(over.turns), self.style.tolerant,
+                                                               self.style.index_base)
+            turn.role_correct = (not turn.fallback) and bool(over.turns[index].role_correct)
+            return _Result([turn], {"chosen": over.turns[index].text, "index": index})
+        if spec.kind == "verdict":
+            draft = state[spec.judges]
+            vocabulary = getattr(self.task, "feedback_vocabulary", lambda: [])()
+            verdict = parse_verdict(turn.text, vocabulary, self.style.tolerant, self.style.unparsed_verdict)
+            turn.malformed, turn.fallback = verdict.malformed, verdict.fallback
+            judged = not verdict.fallback and (self.style.tolerant or not verdict.malformed)
+            turn.role_correct = judged and ((verdict.verdict == ACCEPT) == bool(draft.fields["correct"]))
+            return _Result([turn], {"accept": verdict.verdict == ACCEPT, "revise": verdict.verdict != ACCEPT,
+                                    "feedback": verdict.feedback or "none"})
+        items, turn.malformed, turn.fallback = parse_subtasks(turn.text, self.cfg.max_subtasks, problem.question,
+                                                              self.style.tolerant)
+        turn.role_correct = self.task.check_plan(problem, items)
+        return _Result([turn], {"items": items})
+
+    async def _answers(self, spec: NodeSpec, problem, agents: Agents, state) -> _Result:
+        if spec.for_each:
+            node, _, key = spec.for_each.partition(".")
+            items = list(state[node].fields[key])
+        else:
+            items = [None] * self._count(spec.fan_out)
+        turns = await gather(*(agents.ask(spec.role, i, spec.prompt, **self._fields(spec, problem, state, item))
+                               for i, item in enumerate(items)))
+        for turn, item in zip(turns, items):
+            if spec.grade == "item":  # a worker's part; the study's workers solve the whole problem
+                self.mark_format(turn, self.task.extract_answer(turn.text))
+                turn.role_correct = (self.task.grade(problem, turn.text).correct if self.style.tolerant
+                                     else self.task.grade_subtask(item, turn.text))
+            else:
+                self.mark_answer(turn, problem)
+        answers = [self.answer_of(t) for t in turns]
+        labels = items if spec.for_each else None
+        return _Result(list(turns), {"candidates": "\n".join(f"{i}: {a}" for i, a in enumerate(answers)),
+                                     "solutions": self.numbered(list(turns), labels), "results": "; ".join(answers),
+                                     "text": turns[0].text.strip() if turns else "", "answer": answers[0] if answers else "?",
+                                     "correct": bool(turns and turns[0].role_correct)})
+
+
+GRAPH_DIR = Path(__file__).resolve().parent / "graphs"  # the four study topologies as graphs
+
+
+def is_graph_topology(topology: str) -> bool:
+    """`topology=` names a graph (a YAML path, or `graph:<study topology>`) rather than a registered workflow."""
+    return topology.endswith((".yaml", ".yml")) or topology.startswith("graph:")
+
+
+def graph_source(topology: str):
+    if topology.startswith("graph:"):
+        name = topology.split(":", 1)[1]
+        path = GRAPH_DIR / f"{name}.yaml"
+        if not path.is_file():
+            choices = ", ".join(f"graph:{p.stem}" for p in sorted(GRAPH_DIR.glob("*.yaml")))
+            raise GraphError(f"unknown graph '{topology}'; valid choices: {choices}, or a path to a graph YAML file")
+        return path
+    return topology

@@ -1,0 +1,126 @@
+"""Workflows as graphs (harness/workflows/graph.py): the four study topologies written as graphs
+give today's episodes exactly; a graph in a YAML file outside the package trains from the CLI;
+bad graphs are one clear error."""
+import json
+import subprocess
+import textwrap
+
+import pytest
+import torch
+
+from harness.config import ConfigError
+from harness.controller import Controller
+from harness.engines.local import LocalEngine
+from harness.sharing import PolicyMap
+from harness.tasks import build_task
+from harness.warmup import prepare_model
+from harness.workflows import build_workflow
+from tests.conftest import REPO, cell, python_cmd
+
+
+def _rollout(tmp_path, topology, *overrides):
+    cfg = cell(tmp_path, f"topology={topology}", *overrides)
+    task = build_task(cfg)
+    workflow = build_workflow(cfg, task)
+    policy_map = PolicyMap.from_config(cfg, workflow.role_instances())
+    engine = LocalEngine(prepare_model(cfg, task), policy_map.policies, cfg)
+    controller = Controller(cfg, task, workflow, policy_map, engine)
+    torch.manual_seed(11)
+    episodes, scheduler = controller.rollout(controller.problems_for(0)[:6], 4, greedy=False)
+    return episodes, scheduler.calls
+
+
+def _trace(episode):
+    return (episode.final_text, episode.grade, [
+        (t.role, t.instance, t.policy, t.prompt, t.prompt_ids, t.response_ids, t.malformed, t.fallback,
+         t.role_correct, t.stats, t.index) for t in episode.turns])
+
+
+@pytest.mark.parametrize("topology,overrides", [
+    ("single", ("sharing=sp",)), ("eval_opt", ("sharing=ip",)), ("voting", ("sharing=ip",)),
+    ("orch_workers", ("sharing=sp",)), ("voting", ("sharing=ip_instance", "workflow.n_votes=4")),
+    ("eval_opt", ("scale=qwen3-tok", "workflow.max_new_tokens=12", "workflow.max_iterations=3")),
+    ("orch_workers", ("scale=qwen3-tok", "workflow.max_new_tokens=12")),
+])
+def test_study_topologies_as_graphs_give_the_same_episodes(tmp_path, warm_model_dir, topology, overrides):
+    """Same turns (roles, instances, policies, prompts, tokens, verdicts), same batched generate
+    calls, same final answers and grades, same seed."""
+    program, program_calls = _rollout(tmp_path / "program", topology, *overrides)
+    graph, graph_calls = _rollout(tmp_path / "graph", f"graph:{topology}", *overrides)
+    assert program_calls == graph_calls and len(program) == len(graph) == 24
+    assert [_trace(e) for e in program] == [_trace(e) for e in graph]
+    assert sum(len(e.turns) for e in program) >= (24 if topology == "single" else 48)  # every role acted
+
+
+MY_FLOW = """\
+    # two voters answer, a judge with the graph's own prompt picks one
+    name: my_flow
+    roles:
+      voter: {contract: answer, instances: 2}
+      judge: {contract: index}
+    prompts:
+      judge_pick: "pick: {question}\\n{candidates}"
+    nodes:
+      votes: {role: voter, fan_out: 2, inputs: {question: question}}
+      pick:
+        role: judge
+        prompt: judge_pick
+        over: votes
+        inputs: {question: question, candidates: votes.candidates}
+    edges: [[votes, pick]]
+    final: pick
+"""
+
+
+def test_a_graph_in_a_yaml_file_outside_the_package_trains_from_the_cli(tmp_path, warm_model_dir):
+    graph = tmp_path / "elsewhere" / "my_flow.yaml"
+    graph.parent.mkdir()
+    graph.write_text(textwrap.dedent(MY_FLOW))
+    proc = subprocess.run(python_cmd() + [f"root={tmp_path / 'runs'}", f"topology={graph}", "sharing=ip", "steps=50",
+                                          "val_every=25", "samples_every=49", "progress=false", "wandb.enabled=false",
+                                          "report=false"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "runs" / "default" / "my_flow-ip-arith-tiny-m-s0"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(50))
+    assert metrics[-1]["policy/voter/optimizer_steps"] == 2 * metrics[-1]["policy/judge/optimizer_steps"]
+    assert {"role/voter/accuracy", "role/judge/accuracy", "role/judge/format_ok"} <= set(metrics[-1])
+    sample = json.loads((run / "samples.jsonl").read_text().splitlines()[0])
+    assert [t["role"] for t in sample["turns"]] == ["voter", "voter", "judge"]
+    assert sample["turns"][2]["prompt"].startswith("pick: ")
+    assert json.loads((run / "status.json").read_text())["state"] == "finished"
+
+
+def _graph(tmp_path, text):
+    path = tmp_path / "g.yaml"
+    path.write_text(textwrap.dedent(text))
+    return f"topology={path}"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("roles: {voter: {contract: answer}}\nnodes: {a: {role: critic, inputs: {question: question}}}\nfinal: a\n",
+     "node a: unknown role 'critic'; the graph's roles: voter"),
+    ("roles: {g: {contract: answer}, e: {contract: verdict}}\n"
+     "nodes: {d: {role: g, inputs: {question: question}}, j: {role: e, judges: d, inputs: {question: question}}}\n"
+     "edges: [[d, j], [j, d]]\nfinal: d\n", "unbounded loop d -> j -> d"),
+    ("roles: {s: {contract: answer}}\nnodes: {a: {role: s, inputs: {question: question}}, b: {role: s}}\nfinal: a\n",
+     "node(s) b cannot be reached from the first node a"),
+    ("roles: {s: {contract: answer}}\nnodes: {a: {role: s, inputs: {question: question}},"
+     " b: {role: s, inputs: {question: a.feedback}}}\nedges: [[a, b]]\nfinal: b\n",
+     "node b: no node writes 'a.feedback' (node a writes text, answer, correct)"),
+    ("roles: {s: {contract: answer}}\nnodes: {a: {role: s, prompt: nowhere, inputs: {question: question}}}\nfinal: a\n",
+     "uses prompt template 'nowhere'"),
+    ("roles: {s: {contract: essay}}\nnodes: {a: {role: s}}\nfinal: a\n", "unknown contract 'essay'"),
+])
+def test_bad_graphs_are_one_clear_error(tmp_path, text, message):
+    with pytest.raises(ConfigError) as caught:
+        cell(tmp_path, _graph(tmp_path, text))
+    assert message in str(caught.value)
+
+
+def test_a_missing_graph_from_the_cli_is_one_error_line_and_no_run_dir(tmp_path):
+    for topology, message in ((tmp_path / "none.yaml", "does not exist"), ("graph:star", "valid choices: graph:eval_opt")):
+        proc = subprocess.run(python_cmd() + [f"root={tmp_path / 'runs'}", f"topology={topology}"], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()

@@ -124,3 +124,31 @@ def test_a_missing_graph_from_the_cli_is_one_error_line_and_no_run_dir(tmp_path)
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_tool_node_computes_from_the_state_and_can_be_final(tmp_path, warm_model_dir):
+    graph = tmp_path / "majority.yaml"
+    graph.write_text(textwrap.dedent("""\
+        roles: {voter: {contract: answer, instances: 3}}
+        nodes:
+          votes: {role: voter, fan_out: 3, inputs: {question: question}}
+          count: {tool: "tests.graph_tools:majority", inputs: {answers: votes.results}}
+        edges: [[votes, count]]
+        final: count
+    """))
+    episodes, _ = _rollout(tmp_path / "runs", str(graph), "sharing=ip")
+    from tests.graph_tools import majority
+
+    for episode in episodes:
+        answers = "; ".join(_answer(t) for t in episode.turns)
+        assert episode.final_text == majority(answers) and [t.role for t in episode.turns] == ["voter"] * 3
+        assert episode.grade.correct == (episode.final_text == episode.problem.answer)
+    with pytest.raises(ConfigError, match="cannot be loaded"):
+        cell(tmp_path, _graph(tmp_path, "roles: {}\nnodes: {t: {tool: 'tests.graph_tools:nothing'}}\nfinal: t\n"))
+
+
+def _answer(turn):
+    from harness.tasks.arith import _INT
+
+    numbers = _INT.findall(turn.text)
+    return str(int(numbers[-1])) if numbers else "?"

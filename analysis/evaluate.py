@@ -76,7 +76,7 @@ class Evaluator:
 
         self.cfg, self.task = cfg, task
         self.workflow = build_workflow(cfg, task)
-        self.engine = build_engine(cfg, model_dir, list(policies), work_dir)
+        self.engine = build_engine(cfg, model_dir, list(policies), work_dir, task=task)
         self.controller = Controller(cfg, task, self.workflow, _Routing(policy_of), self.engine)
 
     def pass_rates(self, problems, samples: int, k: int, seed: int) -> Dict[str, float]:

@@ -80,6 +80,21 @@ class ModelConfig:
 
 
 @dataclass
+class ModelInstanceConfig:
+    """One model instance of UnityMAS-O's agent-to-model map phi: its own base model, training
+    mode and optimizer, and the roles it plays (`models.<name>.roles`; the policy id is <name>)."""
+
+    scale: str = "tiny-m"
+    path: Optional[str] = None  # a checkpoint dir for qwen3-* scales
+    train: str = "lora"  # lora: an adapter on the base | full: every base parameter
+    lr: Optional[float] = None  # default: algo.lr
+    roles: List[str] = field(default_factory=list)
+
+
+MODEL_TRAINING = ("lora", "full")
+
+
+@dataclass
 class AlgoConfig:
     """GRPO with verl's PPO update: each policy's rows are cut into mini-batches of
     `ppo_mini_batch_size` problems' worth (x group_size rows), one optimizer step each, over
@@ -306,6 +321,8 @@ class CellConfig:
     instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
     extra: Dict[str, Any] = field(default_factory=dict)  # free-form tags carried to cell.yaml
+    # several model instances (different bases, LoRA or full), roles mapped to them; with sharing=custom, engine=local
+    models: Dict[str, ModelInstanceConfig] = field(default_factory=dict)
 
 
 def register_configs() -> None:

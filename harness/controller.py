@@ -53,8 +53,8 @@ class Controller:
         if cfg.algo.adv_estimator == "gae":
             from harness.algo.critic import TurnCritic
 
-            self.critic = TurnCritic(policy_map.policies, engine.hidden_size(), cfg.algo.critic_lr, cfg.algo.value_clip,
-                                     cfg.algo.critic_steps, cfg.seed)
+            self.critic = TurnCritic({p: engine.hidden_size(p) for p in policy_map.policies}, cfg.algo.critic_lr,
+                                     cfg.algo.value_clip, cfg.algo.critic_steps, cfg.seed)
 
     def save(self, directory) -> None:
         """What a checkpoint needs beyond the engine's weights: the critic, when there is one."""

@@ -125,7 +125,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     write_atomic(run_dir.file("cell.yaml"), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    engine = build_engine(cfg, model_dir, policy_map.policies, run_dir.path / "engine")
+    engine = build_engine(cfg, model_dir, policy_map.policies, run_dir.path / "engine", task=task)
     controller = Controller(cfg, task, workflow, policy_map, engine)
     start, best = 0, -1.0
     checkpoint = resume.checkpoint

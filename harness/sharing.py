@@ -31,6 +31,8 @@ class PolicyMap:
     @classmethod
     def from_config(cls, cfg, role_instances: Sequence[RoleInstance]) -> "PolicyMap":
         mode = cfg.sharing
+        if getattr(cfg, "models", None):  # UnityMAS-O's phi: each model instance is one policy
+            return cls("models", _custom({name: list(m.roles) for name, m in cfg.models.items()}, role_instances))
         if cfg.topology == "single":
             mode = "sp"  # one role: every mode is the same single policy
         if mode == "sp":

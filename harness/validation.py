@@ -22,7 +22,7 @@ from typing import Any, Dict, Optional, Sequence, Union, get_args, get_origin, g
 from omegaconf import OmegaConf
 
 from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, ENGINES, LOSS_AGG_MODES,
-                            LR_SCHEDULES, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS,
+                            LR_SCHEDULES, MODEL_TRAINING, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS,
                             VERL_RAY_UP, VERL_ROLLOUTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
 from harness.mitigations import apply_mitigations, mitigation_names
 from harness.models import SCALES, RandomQwen3, is_tiny, positions_of, resolve_model_path
@@ -194,6 +194,31 @@ def _check_budgets(cfg: CellConfig, model_path: Optional[Path]) -> None:
             raise ConfigError(f"{name}={value} must be >= 1 and below the model's {positions} positions")
 
 
+def _check_models(cfg: CellConfig) -> None:
+    """`models:` (several model instances): each instance's base, training mode and roles."""
+    from harness.engines.multi import instance_config
+
+    if cfg.engine != "local":
+        raise ConfigError("models: runs on engine=local (one verl worker group per base model is not built yet)")
+    if cfg.sharing != "custom" or cfg.sharing_cfg.groups:
+        raise ConfigError("models: maps the roles to model instances itself: use sharing=custom without sharing_cfg.groups")
+    if cfg.algo.clip_scope == "cell":
+        raise ConfigError("algo.clip_scope=cell takes one norm over one engine's policies; with models: use policy")
+    for name, spec in cfg.models.items():
+        where = f"models.{name}"
+        _choose(f"scale ({where}.scale)", spec.scale, list(SCALES))
+        _choose(f"training mode ({where}.train)", spec.train, MODEL_TRAINING)
+        if not spec.roles or any(":" in r for r in spec.roles):
+            raise ConfigError(f"{where}.roles must list whole roles (a role is played by one instance), got {spec.roles}")
+        if spec.lr is not None and not (math.isfinite(spec.lr) and spec.lr > 0):
+            raise ConfigError(f"{where}.lr must be a finite number > 0, got {spec.lr}")
+        if spec.train == "full" and kl_in_loss(cfg.algo):
+            raise ConfigError(f"{where}.train=full changes the base the KL term needs: use lora, or algo.kl_coef=0")
+        if is_tiny(spec.scale) and cfg.task not in WARMUP_TASKS:
+            raise ConfigError(f"{where}: tiny scale {spec.scale} has no warm-up for task {cfg.task}")
+        resolve_model_path(instance_config(cfg, name))  # a missing checkpoint: ConfigError
+
+
 def validate(cfg: CellConfig) -> None:
     """Raise ConfigError for anything that would fail later; touches nothing on disk but model paths."""
     if not is_graph_topology(cfg.topology):
@@ -283,7 +308,7 @@ def validate(cfg: CellConfig) -> None:
                           "use an adapter (sharing_cfg.full_finetune=false)")
     if cfg.sharing_cfg.full_finetune and cfg.sharing != "sp":
         raise ConfigError("sharing_cfg.full_finetune=true needs sharing=sp (one shared policy)")
-    if cfg.sharing == "custom" and not cfg.sharing_cfg.groups:
+    if cfg.sharing == "custom" and not cfg.sharing_cfg.groups and not cfg.models:
         raise ConfigError("sharing=custom needs sharing_cfg.groups, e.g. "
                           "'sharing_cfg.groups={a:[voter],b:[aggregator]}'")
     if cfg.task in CODE_TASKS and not cfg.sandbox.unsafe:  # fail closed: no jail, no code task
@@ -305,6 +330,8 @@ def validate(cfg: CellConfig) -> None:
     if cfg.task in NEEDS_PATH and not cfg.data.path:
         raise ConfigError(f"task {cfg.task} needs data.path=/path/to/problems.jsonl")
     model_path = resolve_model_path(cfg)  # raises ConfigError for a missing checkpoint dir
+    if cfg.models:
+        _check_models(cfg)
     if isinstance(SCALES[cfg.scale], RandomQwen3):
         from harness import qwen3_tokenizer
 

@@ -59,13 +59,13 @@ def explained_variance(returns: Sequence[float], values: Sequence[float]) -> flo
 
 
 class TurnCritic:
-    """One value head per policy (model instance), each with its own Adam."""
+    """One value head per policy (model instance, each with its own hidden size), each with its own Adam."""
 
-    def __init__(self, policies: Sequence[str], hidden: int, lr: float, clip: float, steps: int, seed: int):
+    def __init__(self, hidden: Dict[str, int], lr: float, clip: float, steps: int, seed: int):
         generator = torch.Generator().manual_seed(seed)
         self.heads: Dict[str, torch.nn.Linear] = {}
-        for policy in policies:
-            head = torch.nn.Linear(hidden, 1)
+        for policy, size in sorted(hidden.items()):
+            head = torch.nn.Linear(size, 1)
             with torch.no_grad():
                 head.weight.copy_(0.01 * torch.randn(head.weight.shape, generator=generator))
                 head.bias.zero_()

@@ -5,7 +5,14 @@ from pathlib import Path
 from typing import List
 
 
-def build_engine(cfg, model_dir: Path, policies: List[str], work_dir: Path):
+def build_engine(cfg, model_dir: Path, policies: List[str], work_dir: Path, task=None):
+    """The cell's engine; with `models:` one local engine per model instance, each on its own base."""
+    if cfg.models:
+        from harness.engines.multi import MultiModelEngine, instance_config
+        from harness.warmup import prepare_model
+
+        dirs = {name: prepare_model(instance_config(cfg, name), task) for name in cfg.models}
+        return MultiModelEngine(cfg, dirs, seed=cfg.seed)
     if cfg.engine == "verl":
         from harness.engines.verl.engine import VerlEngine
 

@@ -65,9 +65,9 @@ class LocalEngine:
         self.full_finetune = bool(cfg.sharing_cfg.full_finetune)
         torch.manual_seed(seed)
         if self.full_finetune:
-            assert self.policies == ["shared"], "full fine-tuning trains one shared policy"
+            assert len(self.policies) == 1, "full fine-tuning trains one policy: the whole model"
             self.model = base
-            self.params = {"shared": [p for p in base.parameters()]}
+            self.params = {self.policies[0]: [p for p in base.parameters()]}
         else:
             self.model = attach_adapters(base, self.policies, cfg, seed)
             self.params = {p: [t for n, t in self.model.named_parameters() if f".{p}." in n and "lora_" in n]
@@ -114,7 +114,7 @@ class LocalEngine:
                          logits_to_keep=1)
         return out.hidden_states[-1][:, -1].float()
 
-    def hidden_size(self) -> int:
+    def hidden_size(self, policy: str = "") -> int:
         return int(self.model.config.hidden_size)
 
     # ---------------------------------------------------------------- update

@@ -321,7 +321,7 @@ class CellConfig:
     instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
     extra: Dict[str, Any] = field(default_factory=dict)  # free-form tags carried to cell.yaml
-    # several model instances (different bases, LoRA or full), roles mapped to them; with sharing=custom, engine=local
+    # several model instances (different bases, LoRA or full), roles mapped to them; with sharing=custom
     models: Dict[str, ModelInstanceConfig] = field(default_factory=dict)
 
 

@@ -198,8 +198,8 @@ def _check_models(cfg: CellConfig) -> None:
     """`models:` (several model instances): each instance's base, training mode and roles."""
     from harness.engines.multi import instance_config
 
-    if cfg.engine != "local":
-        raise ConfigError("models: runs on engine=local (one verl worker group per base model is not built yet)")
+    if cfg.engine == "verl" and any(spec.train == "full" for spec in cfg.models.values()):
+        raise ConfigError("engine=verl trains LoRA adapters; a models: instance with train=full needs engine=local")
     if cfg.sharing != "custom" or cfg.sharing_cfg.groups:
         raise ConfigError("models: maps the roles to model instances itself: use sharing=custom without sharing_cfg.groups")
     if cfg.algo.clip_scope == "cell":

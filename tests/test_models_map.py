@@ -47,7 +47,7 @@ def test_two_base_models_one_full_one_lora_train_per_instance_and_resume_exactly
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (MODELS + ("engine=verl",), "models: runs on engine=local"),
+    (MODELS + ("engine=verl",), "a models: instance with train=full needs engine=local"),
     (("topology=orch_workers", "sharing=ip", MODELS[2]), "use sharing=custom"),
     (("topology=orch_workers", "sharing=custom", "+models={a:{scale:huge,roles:[orchestrator,worker,synthesizer]}}"),
      "unknown scale (models.a.scale) 'huge'"),
@@ -62,3 +62,31 @@ def test_bad_model_maps_are_one_error(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as caught:
         cell(tmp_path, *overrides)
     assert message in str(caught.value)
+
+
+def test_two_base_models_on_the_verl_engine_each_its_own_worker_group(tmp_path, warm_model_dir):
+    """engine=verl: one worker group and rollout replica per instance, each loading its own base."""
+    import json
+    import subprocess
+
+    from safetensors import safe_open
+
+    from tests.conftest import REPO, python_cmd
+
+    lora = ("topology=orch_workers", "sharing=custom",
+            "+models={planner:{scale:tiny-m,roles:[orchestrator,synthesizer]},workers:{scale:tiny-s,roles:[worker]}}")
+    proc = subprocess.run(python_cmd() + [f"root={tmp_path}", "engine=verl", *lora, "steps=3", "val_every=2",
+                                          "ckpt_every=2", "progress=false", "report=false", "wandb.enabled=false"],
+                          cwd=REPO, capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "default" / "orch_workers-custom-arith-tiny-m-s0"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert all(m[f"policy/{p}/optimizer_steps"] >= 1 for m in metrics for p in ("planner", "workers"))
+    widths = {}
+    for policy in ("planner", "workers"):
+        (adapter,) = (run / "engine" / "initial_adapters").glob(f"*/{policy}/adapter_model.safetensors")
+        with safe_open(str(adapter), "pt") as weights:
+            name = next(k for k in weights.keys() if "q_proj.lora_A" in k)
+            widths[policy] = weights.get_tensor(name).shape[1]  # lora_A: (rank, the base's hidden size)
+    assert widths == {"planner": 128, "workers": 64}

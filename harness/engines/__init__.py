@@ -12,6 +12,10 @@ def build_engine(cfg, model_dir: Path, policies: List[str], work_dir: Path, task
         from harness.warmup import prepare_model
 
         dirs = {name: prepare_model(instance_config(cfg, name), task) for name in cfg.models}
+        if cfg.engine == "verl":  # one worker group per instance, each on its own base
+            from harness.engines.verl.engine import VerlEngine
+
+            return VerlEngine(dirs, sorted(dirs), cfg, seed=cfg.seed, work_dir=work_dir)
         return MultiModelEngine(cfg, dirs, seed=cfg.seed)
     if cfg.engine == "verl":
         from harness.engines.verl.engine import VerlEngine

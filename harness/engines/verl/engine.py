@@ -29,6 +29,7 @@ from harness.algo.loss import ClipConfig
 from harness.engines.adapters import export_initial_adapters
 from harness.engines.base import (UpdateResult, clip_coefficients, finish_update, measure_kl, record_minibatch,
                                   record_step, update_plan)
+from harness.engines.multi import instance_config
 from harness.engines.sampling import generate_grouped
 from harness.engines.verl.rollout import launch_replica, resolve_backend, rollout_config, run_sync
 from harness.engines.verl.rollout import sample as rollout_sample
@@ -106,7 +107,10 @@ def training_worker_config(cfg, model_dir: Path, adapter_dir: Optional[Path], de
 
 
 class VerlEngine:
-    def __init__(self, model_dir: Path, policies: List[str], cfg, seed: int, work_dir: Path):
+    """`model_dir` is the cell's base, or {policy: base} when model instances differ (`models:`):
+    each policy's worker group and rollout replica then load their own base, tokenizer and LR."""
+
+    def __init__(self, model_dir, policies: List[str], cfg, seed: int, work_dir: Path):
         import ray
         from transformers import AutoTokenizer
         from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -121,10 +125,17 @@ class VerlEngine:
             importlib.import_module(CPU_PLUGIN)
         from harness.engines.verl.worker import PolicyWorker
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+        dirs = dict(model_dir) if isinstance(model_dir, dict) else {p: model_dir for p in self.policies}
+        self.tokenizers = {p: AutoTokenizer.from_pretrained(dirs[p], padding_side="left") for p in self.policies}
+        self.tokenizer = self.tokenizers[self.policies[0]]
         start_ray(cfg, self.device, len(self.policies))
-        adapters = export_initial_adapters(model_dir, self.policies, cfg, seed, Path(work_dir) / "initial_adapters")
+        adapters = {}
+        for base in sorted(set(map(str, dirs.values()))):  # one export per base, its policies' adapters together
+            mine = [p for p in self.policies if str(dirs[p]) == base]
+            adapters.update(export_initial_adapters(Path(base), mine, cfg, seed,
+                                                    Path(work_dir) / "initial_adapters" / Path(base).name))
         harness = {"clip": ClipConfig.from_algo(cfg.algo), "algo": cfg.algo, "loss_agg": cfg.algo.loss_agg}
+        instance_cfg = {p: instance_config(cfg, p) if p in cfg.models else cfg for p in self.policies}
         self.seed = seed
         per_policy = cfg.verl.gpus_per_policy
         tag = uuid.uuid4().hex[:8]  # Ray names (placement groups, actors) must be unique per cluster
@@ -138,7 +149,7 @@ class VerlEngine:
                 self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=1,
                                                   name_prefix=f"{policy}_{tag}"))
             self.pools[-1].get_placement_groups(device_name=self.device)  # verl's default asks for "cuda"
-            configs[policy] = training_worker_config(cfg, model_dir, adapters[policy], self.device)
+            configs[policy] = training_worker_config(instance_cfg[policy], dirs[policy], adapters[policy], self.device)
             worker = RayClassWithInitArgs(ray.remote(PolicyWorker), config=configs[policy], harness=harness)
             self.groups[policy] = RayWorkerGroup(resource_pool=self.pools[-1], ray_cls_with_init=worker,
                                                  name_prefix=f"{policy}_{tag}")
@@ -157,7 +168,7 @@ class VerlEngine:
     # ---------------------------------------------------------------- generate
     def generate(self, policy: str, prompts: List[str], sampling: Sampling) -> List[Generation]:
         """Sampled by the policy's rollout replica, which holds the weights of the last update."""
-        tok = self.tokenizer
+        tok = self.tokenizers[policy]
         server = self.replicas[policy].server_handle
 
         def sample(input_ids, attention_mask, copies):
@@ -193,9 +204,9 @@ class VerlEngine:
         self._sleep_rollouts()
         plan = update_plan(samples, algo, self.seed, step)
         policies = [p for p in self.policies if p in plan]
-        pad = self.tokenizer.pad_token_id
+        pad = {p: self.tokenizers[p].pad_token_id for p in policies}
         ray.get([ref for p in policies for ref in self.groups[p].begin_update(
-            [(mb.norm, [(slot, turns_to_batch(group, pad)) for slot, group in mb.slots.items()]) for mb in plan[p]],
+            [(mb.norm, [(slot, turns_to_batch(group, pad[p])) for slot, group in mb.slots.items()]) for mb in plan[p]],
             want_kl)])
         result = UpdateResult(0.0, {}, {}, {})
         role_loss: Dict[Tuple[str, str], float] = defaultdict(float)

@@ -336,7 +336,9 @@ def default_cell_id(cfg: CellConfig) -> str:
     if cfg.topology == "single":
         return f"single-{cfg.task}-{cfg.scale}-s{cfg.seed}{tail}"
     topology = cfg.topology.replace("graph:", "graph-")
-    if topology.endswith((".yaml", ".yml")):
+    if ":" in topology:  # an import path package.module:NAME
+        topology = topology.rsplit(":", 1)[1]
+    elif topology.endswith((".yaml", ".yml")):
         topology = topology.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
     return f"{topology}-{cfg.sharing}-{cfg.task}-{cfg.scale}-s{cfg.seed}{tail}"
 

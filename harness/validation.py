@@ -342,7 +342,7 @@ def validate(cfg: CellConfig) -> None:
     # the workflow checks its own roles against sharing groups and prompt overrides
     workflow = build_workflow(cfg)
     PolicyMap.from_config(cfg, workflow.role_instances())
-    if is_graph_topology(cfg.topology):
+    if hasattr(workflow, "spec"):  # a graph: every node's template must exist
         templates = {**workflow.templates(), **cfg.workflow.prompts}
         for node in workflow.spec.nodes.values():
             name = node.prompt or node.role

@@ -152,3 +152,15 @@ def _answer(turn):
 
     numbers = _INT.findall(turn.text)
     return str(int(numbers[-1])) if numbers else "?"
+
+
+def test_an_import_path_names_a_graph_or_a_workflow_class(tmp_path, warm_model_dir):
+    cfg = cell(tmp_path, "topology=tests.graph_tools:TWO_VOTERS", "sharing=ip")
+    assert cfg.cell_id == "TWO_VOTERS-ip-arith-tiny-m-s0"
+    assert [(r.name, r.instances) for r in build_workflow(cfg).roles()] == [("voter", 2), ("aggregator", 1)]
+    own = cell(tmp_path, "topology=harness.workflows.voting:Voting", "sharing=ip")
+    assert [r.name for r in build_workflow(own).roles()] == ["voter", "aggregator"]
+    for bad, message in (("tests.graph_tools:majority", "neither a graph dict nor a Workflow class"),
+                         ("tests.nowhere:X", "cannot be loaded")):
+        with pytest.raises(ConfigError, match=message):
+            cell(tmp_path, f"topology={bad}")

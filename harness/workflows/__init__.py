@@ -17,7 +17,10 @@ def build_workflow(cfg, task=None) -> Workflow:
     from harness.workflows.graph import GraphWorkflow, graph_source, is_graph_topology, load_graph
 
     if is_graph_topology(cfg.topology):
-        return GraphWorkflow(task, cfg.workflow, load_graph(graph_source(cfg.topology)))
+        source = graph_source(cfg.topology)
+        if isinstance(source, type):  # a user's own Workflow class
+            return source(task, cfg.workflow)
+        return GraphWorkflow(task, cfg.workflow, load_graph(source))
     if cfg.topology not in WORKFLOWS:
         raise ValueError(f"unknown topology '{cfg.topology}'; valid choices: {', '.join(WORKFLOWS)}, "
                          f"graph:<name> or a workflow graph's YAML file")

@@ -255,7 +255,7 @@ def _import(path: str):
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise GraphError(f"tool '{path}' cannot be loaded: {exc}") from None
+        raise GraphError(f"'{path}' cannot be loaded: {exc}") from None
 
 
 @dataclass
@@ -397,11 +397,18 @@ GRAPH_DIR = Path(__file__).resolve().parent / "graphs"  # the four study topolog
 
 
 def is_graph_topology(topology: str) -> bool:
-    """`topology=` names a graph (a YAML path, or `graph:<study topology>`) rather than a registered workflow."""
-    return topology.endswith((".yaml", ".yml")) or topology.startswith("graph:")
+    """`topology=` names a graph rather than a registered workflow: a YAML path, `graph:<study
+    topology>`, or an import path `package.module:NAME` to a graph dict or a Workflow class."""
+    return topology.endswith((".yaml", ".yml")) or ":" in topology
 
 
 def graph_source(topology: str):
+    """What `topology=` names: a YAML path, a graph dict, or a Workflow subclass (import paths)."""
+    if ":" in topology and not topology.startswith("graph:"):
+        target = _import(topology)
+        if isinstance(target, dict) or (isinstance(target, type) and issubclass(target, Workflow)):
+            return target
+        raise GraphError(f"topology={topology} names neither a graph dict nor a Workflow class")
     if topology.startswith("graph:"):
         name = topology.split(":", 1)[1]
         path = GRAPH_DIR / f"{name}.yaml"

@@ -87,7 +87,8 @@ class ModelInstanceConfig:
     scale: str = "tiny-m"
     path: Optional[str] = None  # a checkpoint dir for qwen3-* scales
     train: str = "lora"  # lora: an adapter on the base | full: every base parameter
-    lr: Optional[float] = None  # default: algo.lr
+    lr: Optional[float] = None  # its AdamW's learning rate; default: algo.lr
+    weight_decay: Optional[float] = None  # its AdamW's weight decay; default: algo.weight_decay
     roles: List[str] = field(default_factory=list)
 
 

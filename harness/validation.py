@@ -212,6 +212,8 @@ def _check_models(cfg: CellConfig) -> None:
             raise ConfigError(f"{where}.roles must list whole roles (a role is played by one instance), got {spec.roles}")
         if spec.lr is not None and not (math.isfinite(spec.lr) and spec.lr > 0):
             raise ConfigError(f"{where}.lr must be a finite number > 0, got {spec.lr}")
+        if spec.weight_decay is not None and not (math.isfinite(spec.weight_decay) and spec.weight_decay >= 0):
+            raise ConfigError(f"{where}.weight_decay must be a finite number >= 0, got {spec.weight_decay}")
         if spec.train == "full" and kl_in_loss(cfg.algo):
             raise ConfigError(f"{where}.train=full changes the base the KL term needs: use lora, or algo.kl_coef=0")
         if is_tiny(spec.scale) and cfg.task not in WARMUP_TASKS:

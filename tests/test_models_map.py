@@ -26,6 +26,8 @@ def test_two_base_models_one_full_one_lora_train_per_instance_and_resume_exactly
     assert sum(p.numel() for p in engine.engines["workers"].params["workers"]) == \
         sum(p.numel() for p in workers.model.parameters())  # every parameter trains
     assert sum(p.numel() for p in planner.params["planner"]) < 0.2 * sum(p.numel() for p in planner.model.parameters())
+    lrs = {name: e.optimizers[name].param_groups[0]["lr"] for name, e in engine.engines.items()}
+    assert lrs == {"planner": straight.algo.lr, "workers": 5e-4}  # each instance its own optimizer
     metrics = read_jsonl(run_dir_of(straight).file("metrics.jsonl"))
     for name in ("planner", "workers"):  # both moved (a step whose groups all scored alike moves nothing)
         assert all(m[f"policy/{name}/optimizer_steps"] >= 1 for m in metrics) and metrics[-1][f"policy/{name}/drift"] > 0

@@ -31,6 +31,8 @@ def instance_config(cfg, name: str):
     own.sharing_cfg.full_finetune = spec.train == "full"
     if spec.lr is not None:
         own.algo.lr = spec.lr
+    if spec.weight_decay is not None:
+        own.algo.weight_decay = spec.weight_decay
     return own
 
 

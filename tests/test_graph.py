@@ -164,3 +164,25 @@ def test_an_import_path_names_a_graph_or_a_workflow_class(tmp_path, warm_model_d
                          ("tests.nowhere:X", "cannot be loaded")):
         with pytest.raises(ConfigError, match=message):
             cell(tmp_path, f"topology={bad}")
+
+
+def test_a_retrieval_tool_node_puts_passages_into_the_next_prompt(tmp_path, warm_model_dir):
+    corpus = REPO / "tests" / "fixtures" / "passages_sample.jsonl"
+    graph = tmp_path / "search.yaml"
+    graph.write_text(textwrap.dedent(f"""\
+        roles: {{solver: {{contract: answer}}}}
+        prompts: {{read: "context: {{passages}}\\nsolve: {{question}}"}}
+        nodes:
+          search: {{tool: "harness.tasks.retriever:retrieve", params: {{corpus: "{corpus}", k: 1}},
+                    inputs: {{query: question}}}}
+          answer: {{role: solver, prompt: read, inputs: {{question: question, passages: search.text}}}}
+        edges: [[search, answer]]
+        final: answer
+    """))
+    episodes, calls = _rollout(tmp_path / "runs", str(graph), "sharing=sp")
+    from harness.tasks.retriever import retrieve
+
+    assert calls == [("shared", 24)]
+    for episode in episodes:  # the tool's output is the prompt's context, as the retriever gives it
+        question = episode.problem.question
+        assert episode.turns[0].prompt == f"context: {retrieve(question, str(corpus), 1)}\nsolve: {question}"

@@ -46,6 +46,14 @@ def _code(kind: str) -> Callable:
     return build
 
 
+def _qa(kind: str) -> Callable:
+    def build(cfg) -> Task:
+        from harness.tasks.qa import HotpotQATask, NQTask
+
+        return {"nq": NQTask, "hotpotqa": HotpotQATask}[kind](cfg.data)
+    return build
+
+
 # the grid's task axis maps math -> arith (tiny) / gsm8k (checkpoints), code -> code-synth / humaneval
 TASKS: Dict[str, Callable] = {
     "arith": _arith, "gsm8k": _math("gsm8k"), "math": _math("math"),
@@ -55,9 +63,10 @@ TASKS: Dict[str, Callable] = {
     # the SP/IP study's sets: DAPO-Math-17k and DeepCoder to train, AIME and MATH-500 to evaluate
     "dapo-math": _study_math("dapo-math"), "aime": _study_math("aime"), "math500": _study_math("math500"),
     "deepcoder": _code("deepcoder"),
+    "nq": _qa("nq"), "hotpotqa": _qa("hotpotqa"),  # UnityMAS-O's search QA, EM and token F1
 }
 CODE_TASKS = {"humaneval", "mbpp", "code-synth", "deepcoder"}  # graded by running model-written code in the sandbox
-NEEDS_PATH = {"math", "dapo-math", "aime", "math500", "deepcoder"}  # no offline source: the file must be given
+NEEDS_PATH = {"math", "dapo-math", "aime", "math500", "deepcoder", "nq", "hotpotqa"}  # no offline source: the file must be given
 WARMUP_TASKS = {"arith": "arith", "code-synth": "code_synth"}  # tasks a tiny model is warmed up on -> their config
 
 

@@ -25,7 +25,8 @@ Nodes by their role's contract, and the state fields they write (read as `<node>
 - index (`over: <answer node with several replies>`): picks one; `chosen` (its text), `index`.
 - verdict (`judges: <answer node>`): `accept`, `revise` (booleans for edge conditions), `feedback`.
 - subtasks: `items` (at most `workflow.max_subtasks`).
-- tool (`tool: package.module:function`, no role): `value`, the callable's return for the state.
+- tool (`tool: package.module:function`, no role; `params:` literal keyword arguments besides the
+  inputs): `value` (and `text`), the callable's return, e.g. `harness.tasks.retriever:retrieve`.
 A graph may define its own templates under `prompts:` (name -> text with `{field}`s).
 Inputs map a prompt field to `question`, `item`, `workflow.<field>` or `<node>.<field>`; a node
 may `writes: <other node>` to replace that node's result (a revision replaces the draft); `prompt`
@@ -55,7 +56,7 @@ FIELDS = {
     "subtasks": ("items",),
     "tool": ("value", "text", "answer"),
 }
-NODE_KEYS = {"role", "prompt", "inputs", "fan_out", "for_each", "over", "judges", "writes", "grade", "tool"}
+NODE_KEYS = {"role", "prompt", "inputs", "fan_out", "for_each", "over", "judges", "writes", "grade", "tool", "params"}
 
 
 class GraphError(ConfigError):
@@ -76,6 +77,7 @@ class NodeSpec:
     writes: Optional[str] = None
     grade: str = "problem"
     tool: Optional[str] = None
+    params: Dict[str, Any] = field(default_factory=dict)  # a tool's literal keyword arguments
 
 
 @dataclass(frozen=True)
@@ -148,8 +150,8 @@ def parse_graph(data: dict) -> GraphSpec:
 
 def _node(node_id: str, raw: dict, roles) -> NodeSpec:
     if "tool" in raw:
-        return NodeSpec(node_id, None, "tool", inputs=dict(raw.get("inputs") or {}), tool=str(raw["tool"]),
-                        writes=raw.get("writes"))
+        return NodeSpec(node_id, None, "tool", inputs={str(k): str(v) for k, v in (raw.get("inputs") or {}).items()},
+                        tool=str(raw["tool"]), params=dict(raw.get("params") or {}))
     role = raw.get("role")
     if role not in roles:
         raise GraphError(f"node {node_id}: unknown role '{role}'; the graph's roles: {', '.join(roles)}")
@@ -340,7 +342,7 @@ class GraphWorkflow(Workflow):
 
     async def _run(self, spec: NodeSpec, problem, agents: Agents, state) -> _Result:
         if spec.kind == "tool":
-            value = self.tools[spec.id](**self._fields(spec, problem, state))
+            value = self.tools[spec.id](**spec.params, **self._fields(spec, problem, state))
             return _Result([], {"value": value, "text": str(value), "answer": str(value)})
         if spec.kind == "answers":
             return await self._answers(spec, problem, agents, state)

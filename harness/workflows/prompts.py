@@ -158,7 +158,7 @@ def apply_prompt_set(workflow_cfg, scale: str, task_kind: str) -> None:
     if workflow_cfg.prompt_set not in PROMPT_SETS:
         raise ConfigError(f"unknown prompt set (workflow.prompt_set) '{workflow_cfg.prompt_set}'; "
                           f"valid choices: auto, {', '.join(PROMPT_SETS)}")
-    chosen = TEMPLATES[workflow_cfg.prompt_set][task_kind]
+    chosen = TEMPLATES[workflow_cfg.prompt_set].get(task_kind, TEMPLATES[workflow_cfg.prompt_set]["math"])
     prompts = dict(workflow_cfg.prompts)
     for name, template in chosen.items():
         if prompts.get(name, DEFAULT_PROMPTS[name]) == DEFAULT_PROMPTS[name]:

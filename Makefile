@@ -46,7 +46,7 @@ system:
 	bash tests/system-setup.sh
 
 test: setup system
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 bench: setup
 	$(PY) bench/probe_overhead.py

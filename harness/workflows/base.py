@@ -191,6 +191,44 @@ class Workflow(ABC):
         turn.fallback = parsed is None
         turn.malformed = turn.fallback or (self.style.tolerant and not self.task.states_answer_exactly(turn.text))
 
+    def mark_pick(self, pick: Turn, candidates: List[Turn]) -> int:
+        """An aggregator's pick among marked candidate turns: its index, format and whether it chose
+        a right one."""
+        from harness.workflows.contracts import parse_index
+
+        pick.stats["distinct_candidates"] = float(len({self.answer_of(t) for t in candidates}))  # 1: cannot matter
+        index, pick.malformed, pick.fallback = parse_index(pick.text, len(candidates), self.style.tolerant,
+                                                           self.style.index_base)
+        pick.role_correct = (not pick.fallback) and bool(candidates[index].role_correct)
+        return index
+
+    def mark_verdict(self, judgement: Turn, draft_correct: bool):
+        """An evaluator's verdict on a draft: its format, and whether it judged the draft right (a
+        verdict read from reasoning still judged; the tiny contract also wants its feedback vocabulary)."""
+        from harness.workflows.contracts import ACCEPT, parse_verdict
+
+        vocabulary = getattr(self.task, "feedback_vocabulary", lambda: [])()
+        verdict = parse_verdict(judgement.text, vocabulary, self.style.tolerant, self.style.unparsed_verdict)
+        judgement.malformed, judgement.fallback = verdict.malformed, verdict.fallback
+        judged = not verdict.fallback and (self.style.tolerant or not verdict.malformed)
+        judgement.role_correct = judged and ((verdict.verdict == ACCEPT) == draft_correct)
+        return verdict
+
+    def mark_plan(self, plan: Turn, problem: Problem) -> List[str]:
+        """An orchestrator's subtasks (at most workflow.max_subtasks), its format and whether they cover the problem."""
+        from harness.workflows.contracts import parse_subtasks
+
+        subtasks, plan.malformed, plan.fallback = parse_subtasks(plan.text, self.cfg.max_subtasks, problem.question,
+                                                                 self.style.tolerant)
+        plan.role_correct = self.task.check_plan(problem, subtasks)
+        return subtasks
+
+    def mark_worker(self, result: Turn, problem: Problem, subtask: str) -> None:
+        """A worker's format and job: tiny workers solve their part; the study's solve the whole problem their own way."""
+        self.mark_format(result, self.task.extract_answer(result.text))
+        result.role_correct = (self.task.grade(problem, result.text).correct if self.style.tolerant
+                               else self.task.grade_subtask(subtask, result.text))
+
     def numbered(self, turns: List[Turn], labels: Optional[List[str]] = None) -> str:
         """Full replies as the real-model prompts show them ('--- Solution 1 ---'), numbered from
         the contract's index base."""

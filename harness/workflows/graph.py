@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from harness.config import ConfigError
 from harness.workflows.base import Agents, Episode, RoleSpec, Turn, Workflow
-from harness.workflows.contracts import ACCEPT, parse_index, parse_subtasks, parse_verdict
+from harness.workflows.contracts import ACCEPT
 
 CONTRACTS = ("answer", "index", "verdict", "subtasks")
 FIELDS = {
@@ -352,25 +352,13 @@ class GraphWorkflow(Workflow):
             return _Result([turn], {"text": turn.text.strip(), "answer": self.answer_of(turn), "correct": grade.correct}, grade)
         if spec.kind == "index":
             over = state[spec.over]
-            answers = [self.answer_of(t) for t in over.turns]
-            turn.stats["distinct_candidates"] = float(len(set(answers)))  # 1: the pick cannot matter
-            index, turn.malformed, turn.fallback = parse_index(turn.text, len(over.turns), self.style.tolerant,
-                                                               self.style.index_base)
-            turn.role_correct = (not turn.fallback) and bool(over.turns[index].role_correct)
+            index = self.mark_pick(turn, over.turns)
             return _Result([turn], {"chosen": over.turns[index].text, "index": index})
         if spec.kind == "verdict":
-            draft = state[spec.judges]
-            vocabulary = getattr(self.task, "feedback_vocabulary", lambda: [])()
-            verdict = parse_verdict(turn.text, vocabulary, self.style.tolerant, self.style.unparsed_verdict)
-            turn.malformed, turn.fallback = verdict.malformed, verdict.fallback
-            judged = not verdict.fallback and (self.style.tolerant or not verdict.malformed)
-            turn.role_correct = judged and ((verdict.verdict == ACCEPT) == bool(draft.fields["correct"]))
+            verdict = self.mark_verdict(turn, bool(state[spec.judges].fields["correct"]))
             return _Result([turn], {"accept": verdict.verdict == ACCEPT, "revise": verdict.verdict != ACCEPT,
                                     "feedback": verdict.feedback or "none"})
-        items, turn.malformed, turn.fallback = parse_subtasks(turn.text, self.cfg.max_subtasks, problem.question,
-                                                              self.style.tolerant)
-        turn.role_correct = self.task.check_plan(problem, items)
-        return _Result([turn], {"items": items})
+        return _Result([turn], {"items": self.mark_plan(turn, problem)})
 
     async def _answers(self, spec: NodeSpec, problem, agents: Agents, state) -> _Result:
         if spec.for_each:
@@ -381,10 +369,8 @@ class GraphWorkflow(Workflow):
         turns = await gather(*(agents.ask(spec.role, i, spec.prompt, **self._fields(spec, problem, state, item))
                                for i, item in enumerate(items)))
         for turn, item in zip(turns, items):
-            if spec.grade == "item":  # a worker's part; the study's workers solve the whole problem
-                self.mark_format(turn, self.task.extract_answer(turn.text))
-                turn.role_correct = (self.task.grade(problem, turn.text).correct if self.style.tolerant
-                                     else self.task.grade_subtask(item, turn.text))
+            if spec.grade == "item":
+                self.mark_worker(turn, problem, item)
             else:
                 self.mark_answer(turn, problem)
         answers = [self.answer_of(t) for t in turns]

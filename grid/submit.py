@@ -68,7 +68,8 @@ def run_under_ray_up(cfg, overrides: Dict, path: Path) -> str:
     bin_dir = str(Path(sys.executable).parent)  # the job's environment: its `ray`, its python
     env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
     if resolve_device(cfg) == "cpu":  # verl's resource pools ask for GPUs: declare logical ones
-        n_policies = len(PolicyMap.from_config(cfg, build_workflow(cfg).role_instances()).policies)
+        workflow = build_workflow(cfg)
+        n_policies = len(PolicyMap.from_config(cfg, workflow.role_instances(), workflow.partial_groups()).policies)
         cpus, gpus = logical_resources(cfg, n_policies)
         env.update(RAY_UP_NUM_CPUS=str(cpus), RAY_UP_NUM_GPUS=str(gpus))
     repo = Path(__file__).resolve().parents[1]

@@ -46,7 +46,10 @@ class Controller:
         self.engine = engine
         self.prompts = {**workflow.templates(), **resolve_prompts(dict(cfg.workflow.prompts))}
         roles = [r.name for r in workflow.roles()]
-        self.budgets = {r: int(cfg.workflow.role_max_new_tokens.get(r, cfg.workflow.max_new_tokens)) for r in roles}
+        # a graph's role may need at least some tokens (evidence, notes); a cell's per-role setting wins
+        asked, default = workflow.role_budgets(), cfg.workflow.max_new_tokens
+        self.budgets = {r: int(cfg.workflow.role_max_new_tokens.get(r, max(default, asked.get(r, default))))
+                        for r in roles}
         self.train_problems = task.problems("train")
         self.val_problems = task.problems("val")[: cfg.val_problems]
         self.critic = None
@@ -176,7 +179,8 @@ class Controller:
             assign_rewards(episode, self.cfg.reward)
         metrics = rollout_metrics(episodes, prefix="val/")
         kept = {k: v for k, v in metrics.items()
-                if k.endswith(("accuracy", "format_ok", "fallback", "response_length", "distinct_candidates"))}
+                if k.endswith(("accuracy", "format_ok", "fallback", "response_length", "distinct_candidates"))
+                or k.startswith("val/episode/")}
         kept["val/accuracy_se"] = accuracy_standard_error(episodes)
         return kept
 

@@ -6,7 +6,7 @@ local engine). Policy ids are readable: "shared", the role name, "voter_1", or a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from harness.config import ConfigError
 
@@ -29,7 +29,10 @@ class PolicyMap:
         return [ri for ri, p in self.assignment.items() if p == policy]
 
     @classmethod
-    def from_config(cls, cfg, role_instances: Sequence[RoleInstance]) -> "PolicyMap":
+    def from_config(cls, cfg, role_instances: Sequence[RoleInstance],
+                    partial: Optional[Dict[str, List[str]]] = None) -> "PolicyMap":
+        """`partial` is the workflow's own grouping (UnityMAS-O's partial sharing, e.g. M-ASK's
+        search-behaviour agents on one model and its knowledge agents on another)."""
         mode = cfg.sharing
         if getattr(cfg, "models", None):  # UnityMAS-O's phi: each model instance is one policy
             return cls("models", _custom({name: list(m.roles) for name, m in cfg.models.items()}, role_instances))
@@ -46,6 +49,11 @@ class PolicyMap:
             return cls(mode, {(r, i): (r if counts[r] == 1 else f"{r}_{i}") for r, i in role_instances})
         if mode == "custom":
             return cls(mode, _custom(cfg.sharing_cfg.groups, role_instances))
+        if mode == "partial":
+            if not partial:
+                raise ConfigError(f"sharing=partial needs a workflow graph that declares its partial: groups; "
+                                  f"topology {cfg.topology} declares none (use sp, ip, ip_instance or custom)")
+            return cls(mode, _custom(partial, role_instances))
         raise ConfigError(f"unknown sharing mode '{mode}'")
 
 

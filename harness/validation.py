@@ -22,13 +22,14 @@ from typing import Any, Dict, Optional, Sequence, Union, get_args, get_origin, g
 from omegaconf import OmegaConf
 
 from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, ENGINES, LOSS_AGG_MODES,
-                            LR_SCHEDULES, MODEL_TRAINING, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS,
+                            LR_SCHEDULES, MODEL_TRAINING, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, GRAPH_TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS,
                             VERL_RAY_UP, VERL_ROLLOUTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
 from harness.mitigations import apply_mitigations, mitigation_names
 from harness.models import SCALES, RandomQwen3, is_tiny, positions_of, resolve_model_path
 from harness.sharing import PolicyMap
 from harness.tasks import CODE_TASKS, NEEDS_PATH, TASKS, WARMUP_TASKS
 from harness.tasks.jail import JailUnavailable, find_jail
+from harness.tasks.qa_synth import SEARCH_WORKFLOWS
 from harness.workflows import WORKFLOWS, build_workflow
 from harness.workflows.graph import is_graph_topology
 from harness.workflows.prompts import apply_prompt_set
@@ -224,7 +225,7 @@ def _check_models(cfg: CellConfig) -> None:
 def validate(cfg: CellConfig) -> None:
     """Raise ConfigError for anything that would fail later; touches nothing on disk but model paths."""
     if not is_graph_topology(cfg.topology):
-        _choose("topology", cfg.topology, TOPOLOGIES + ("graph:<name>", "<path to a workflow graph .yaml>"))
+        _choose("topology", cfg.topology, TOPOLOGIES + GRAPH_TOPOLOGIES + ("graph:<name>", "<path to a workflow graph .yaml>"))
     _choose("sharing mode", cfg.sharing, SHARING_MODES)
     _choose("task", cfg.task, sorted(TASKS))
     _choose("scale", cfg.scale, list(SCALES))
@@ -322,6 +323,7 @@ def validate(cfg: CellConfig) -> None:
     if is_tiny(cfg.scale) and cfg.task not in WARMUP_TASKS:
         raise ConfigError(f"scale {cfg.scale} is a tiny model warmed up on its task; task {cfg.task} has no warm-up: "
                           f"use task {' or '.join(WARMUP_TASKS)}, or a qwen3-* scale")
+    _check_workflow_task(cfg)
     if cfg.data.path:
         data = Path(cfg.data.path).expanduser()
         if not data.is_file():
@@ -343,7 +345,7 @@ def validate(cfg: CellConfig) -> None:
     _check_budgets(cfg, model_path)
     # the workflow checks its own roles against sharing groups and prompt overrides
     workflow = build_workflow(cfg)
-    PolicyMap.from_config(cfg, workflow.role_instances())
+    PolicyMap.from_config(cfg, workflow.role_instances(), workflow.partial_groups())
     if hasattr(workflow, "spec"):  # a graph: every node's template must exist
         templates = {**workflow.templates(), **cfg.workflow.prompts}
         for node in workflow.spec.nodes.values():
@@ -359,3 +361,24 @@ def validate(cfg: CellConfig) -> None:
         unknown = sorted(set(roles) - set(known))
         if unknown:
             raise ConfigError(f"{where} names unknown role(s) {', '.join(unknown)}; valid roles: {', '.join(known)}")
+
+
+QA_TASKS = ("qa-synth", "nq", "hotpotqa")
+
+
+def _check_workflow_task(cfg) -> None:
+    """UnityMAS-O's workflows need their kind of task: search QA for A-C (with a corpus to search),
+    the synthetic code task for D; and the generated QA world warms up only its own roles."""
+    if cfg.topology in SEARCH_WORKFLOWS and cfg.task not in QA_TASKS:
+        raise ConfigError(f"topology {cfg.topology} searches passages for a question: use task {', '.join(QA_TASKS)}")
+    if cfg.topology in SEARCH_WORKFLOWS and cfg.task in ("nq", "hotpotqa"):
+        if not cfg.data.corpus:
+            raise ConfigError(f"topology {cfg.topology} with task {cfg.task} needs data.corpus=/path/to/passages.jsonl")
+        if not Path(cfg.data.corpus).expanduser().is_file():
+            raise ConfigError(f"data.corpus {cfg.data.corpus} does not exist")
+    if cfg.topology == "reflective_code" and cfg.task not in ("code-synth", "mbpp"):
+        raise ConfigError("topology reflective_code runs the coder's program on the examples the question shows: "
+                          "use task code-synth or mbpp")
+    if cfg.task == "qa-synth" and cfg.topology in ("eval_opt", "voting", "orch_workers"):
+        raise ConfigError(f"task qa-synth's warm-up teaches the search roles, not {cfg.topology}'s: use topology single, "
+                          f"{', '.join(SEARCH_WORKFLOWS)}")

@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 from omegaconf import OmegaConf
@@ -45,6 +45,7 @@ PICK_ACCURACY = 0.6
 VOTER_ACCURACY = 0.4
 PLAN_ACCURACY = 0.8
 WORKER_ACCURACY = 0.7
+GRAPH_SHARE = 0.5  # of a study task's demonstrations, those of the graph's own roles (workflow D's on code-synth)
 
 
 def role_demonstration(task: Task, prompts: dict, problem: Problem, rng: random.Random) -> Demo:
@@ -83,6 +84,38 @@ def role_demonstration(task: Task, prompts: dict, problem: Problem, rng: random.
     results = [task.solve_subtask(s) if rng.random() < WORKER_ACCURACY else task.wrong_answer(problem, rng)
                for s in subtasks]
     return prompts["synthesizer"].format(question=q, results="; ".join(results)), task.combine(problem, results)
+
+
+def graph_templates(cfg, task: Task) -> Dict[str, str]:
+    """The templates the cell's workflow graph brings (UnityMAS-O's workflows A-D), and those of the
+    graphs the task always warms up (`task.warmup_workflows`: qa-synth's search roles), that the task can
+    demonstrate (`task.demonstrate`), so the warm-up covers those roles' contracts too; {} for the
+    study topologies on arith and code-synth, whose warm-up is unchanged."""
+    from harness.workflows import build_workflow
+
+    from harness.workflows.graph import GRAPH_DIR, load_graph
+
+    demonstrate = getattr(task, "demonstrate", None)
+    templates: Dict[str, str] = {}
+    for name in getattr(task, "warmup_workflows", ()):
+        templates.update(load_graph(GRAPH_DIR / f"{name}.yaml").prompts)
+    templates.update(build_workflow(cfg, task).templates())
+    if demonstrate is None or not templates:
+        return {}
+    prompts = {**templates, **resolve_prompts(dict(cfg.workflow.prompts))}
+    probe = task.problems("train")[0]
+    return {name: prompts[name] for name in sorted(templates)
+            if demonstrate(name, prompts, probe, random.Random(0)) is not None}
+
+
+def demonstration(task: Task, prompts: dict, extra: List[str], problem: Problem, rng: random.Random) -> Demo:
+    """One warm-up demonstration: a task without the study roles' support (qa-synth) demonstrates
+    its solver and the graph's roles; a study task adds the graph's roles to its usual mix."""
+    if not isinstance(task, WarmupSupport):
+        return task.demonstrate(rng.choice(["solver"] + extra), prompts, problem, rng)
+    if extra and rng.random() < GRAPH_SHARE:
+        return task.demonstrate(rng.choice(extra), prompts, problem, rng)
+    return role_demonstration(task, prompts, problem, rng)
 
 
 def _bad_plan(subtasks: List[str], question: str, rng: random.Random) -> List[str]:
@@ -124,10 +157,12 @@ def greedy_accuracy(model, tokenizer, task: Task, prompt_template: str, problems
 def warm_up(cfg, size, task: Task, out_dir: Path, log: Callable[[str], None] = print) -> dict:
     """Build tokenizer + tiny model, train on role demonstrations, save to out_dir."""
     started = time.time()
-    prompts = resolve_prompts(dict(cfg.workflow.prompts))
+    graph = graph_templates(cfg, task)
+    prompts = {**graph, **resolve_prompts(dict(cfg.workflow.prompts))}
+    extra = sorted(graph)
     rng = random.Random(WARMUP_SEED)
     train = task.problems("train")
-    corpus_demos = [role_demonstration(task, prompts, rng.choice(train), rng) for _ in range(4000)]
+    corpus_demos = [demonstration(task, prompts, extra, rng.choice(train), rng) for _ in range(4000)]
     corpus = [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n{r}<|im_end|>" for p, r in corpus_demos]
     tokenizer = build_tokenizer(corpus, size.vocab)
     model = build_tiny_model(size, tokenizer, seed=WARMUP_SEED)
@@ -138,7 +173,7 @@ def warm_up(cfg, size, task: Task, out_dir: Path, log: Callable[[str], None] = p
     model.train()
     torch.manual_seed(WARMUP_SEED)
     for step in range(steps):
-        ids, labels, attention = _batch(tokenizer, [role_demonstration(task, prompts, rng.choice(train), rng)
+        ids, labels, attention = _batch(tokenizer, [demonstration(task, prompts, extra, rng.choice(train), rng)
                                                     for _ in range(size.warmup_batch)])
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad()
@@ -175,6 +210,10 @@ def warm_key(cfg: CellConfig, task) -> str:
     shape = {k: v for k, v in asdict(size).items() if k != "warmup_steps"}  # steps is keyed on its own
     payload = {"size": shape, "steps": steps, "task": task.name, "task_cfg": _task_fingerprint(cfg),
                "prompts": resolve_prompts(dict(cfg.workflow.prompts)), "version": WARMUP_VERSION}
+    graph = graph_templates(cfg, task)
+    if graph:  # a workflow graph's own roles are part of the warm-up (absent: the key is as before)
+        payload["graph_prompts"] = graph
+        payload["demonstrations"] = getattr(task, "DEMONSTRATIONS_VERSION", 1)  # bumped when `demonstrate` changes
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 from analysis.compare import paired_gains, summarize
 from analysis.load import load_alerts, load_cells, load_metrics, load_samples
 from analysis.plots import role_curves, roles_of
+from analysis.workflow_metrics import agent_rows, workflow_rows
 from reports.render import esc, image, kv_table, md_code, md_table, page, table, write
 
 ROLE_COLUMNS = [("grad_share", "grad share"), ("token_share", "token share"), ("turn_share", "turn share"),
@@ -94,12 +95,19 @@ def build_run_report(run: Path) -> Path:
     alert_frame = alerts[["step", "kind", "role", "policy", "value", "threshold", "action", "message"]] \
         if len(alerts) else pd.DataFrame()
     roles = early_late(metrics) if len(metrics) else pd.DataFrame()
+    agents = agent_rows(metrics) if len(metrics) else pd.DataFrame()
+    task_metrics = workflow_rows(metrics, cells).drop(columns=["cell_id", "topology", "sharing", "task"]) \
+        if len(metrics) else pd.DataFrame()
     turns = sample_turns(load_samples(run))
 
     body = [f"<h1>Run report: {esc(cell['cell_id'])}</h1>", "<h2>Summary</h2>", kv_table(summary),
             "<h2>Alerts</h2>", table(alert_frame) if len(alert_frame) else '<p class="muted">no alerts</p>',
             "<h2>Per-role curves</h2>", image(curves, "per-role curves") if curves else "<p>no metrics yet</p>",
             "<h2>Roles early vs late (first and last 10% of steps)</h2>", table(roles) if len(roles) else "",
+            "<h2>Task metric and rounds (first vs last 20 steps)</h2>",
+            table(task_metrics) if len(task_metrics) else "",
+            "<h2>Per agent (UnityMAS-O's figures, mean over training steps)</h2>",
+            table(agents) if len(agents) else "",
             "<h2>Role outputs early vs late</h2>"]
     if turns:
         rows = "".join(f"<tr><td>{t['step']}</td><td>{esc(t['role'])}</td><td><pre>{esc(t['prompt'])}</pre></td>"
@@ -120,7 +128,9 @@ def build_run_report(run: Path) -> Path:
         md.append(f"- **gain over baseline**: {gain['gain_final']:+.3f} final vs {gain['baseline_id']}")
     md += ["", "## Alerts", "", md_table(alert_frame) if len(alert_frame) else "_no alerts_", "",
            "## Per-role curves", "", "![per-role curves](roles.png)" if curves else "", "",
-           "## Roles early vs late", "", md_table(roles) if len(roles) else "", "", "## Role outputs early vs late", ""]
+           "## Roles early vs late", "", md_table(roles) if len(roles) else "", "",
+           "## Task metric and rounds (first vs last 20 steps)", "", md_table(task_metrics) if len(task_metrics) else "",
+           "", "## Per agent", "", md_table(agents) if len(agents) else "", "", "## Role outputs early vs late", ""]
     for t in turns:
         md += [f"**step {t['step']}, {t['role']}** ({t['tokens']} tokens, format ok: {t['format ok']})", "",
                md_code(f"{t['prompt']}\n--> {t['response']}"), ""]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from analysis.compare import CELL_TABLE, FAILURE_MODES, compare, seeds_sentence, write_outputs
 from analysis.load import find_runs, load_metrics
+from analysis.workflow_metrics import columns_needed, workflow_rows
 from analysis.plots import gain_heatmap, sp_vs_ip
 from reports.render import esc, image, md_table, page, table, write
 from reports.run_report import build_run_report
@@ -35,6 +36,7 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
                                                               for k in ("grad_share", "response_length")])
     side_by_side = [p for topology in sorted(set(cells["topology"]) - {"single"})
                     if (p := sp_vs_ip(metrics, cells, topology, out / f"sp_vs_ip_{topology}.png"))]
+    workflows = workflow_rows(load_metrics(sweep, columns=columns_needed()), cells)
     modes = cells[["cell_id", "state"] + [f"first_{m}" for m in FAILURE_MODES] + ["failure_modes"]]
     counts = {state: int((cells["state"] == state).sum()) for state in sorted(set(cells["state"]))}
 
@@ -50,6 +52,8 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
         body += ["<h2>Cells against their baselines</h2>", table(gains[CELL_TABLE], links=links),
                  "<h2>Best cells</h2>", table(result["best"], links=links),
                  "<h2>Worst cells</h2>", table(result["worst"], links=links)]
+    body += ["<h2>Workflows: task metric and rounds (first vs last 20 steps, final validation)</h2>",
+             table(workflows, links=links)]
     evaluation = evaluation_table(sweep)
     if evaluation is not None:
         body += ["<h2>Checkpoint evaluation (pass@k, <code>python -m analysis.evaluate</code>)</h2>",
@@ -67,6 +71,7 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
     md += [f"![{p.stem}]({p.name})" for p in heatmaps + side_by_side] + [""]
     if len(gains):
         md += ["## Cells against their baselines", "", md_table(gains[CELL_TABLE]), ""]
+    md += ["## Workflows: task metric and rounds", "", md_table(workflows), ""]
     if evaluation is not None:
         md += ["## Checkpoint evaluation (pass@k)", "", md_table(evaluation), ""]
     md += ["## Failure modes", "", md_table(modes), "", "## Run reports", ""]

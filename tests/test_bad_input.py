@@ -10,7 +10,7 @@ CASES = [
     (["topology=star"], "unknown topology 'star'; valid choices: single, eval_opt, voting, orch_workers"),
     (["sharing=half"], "unknown sharing mode 'half'; valid choices: sp, ip, ip_instance, custom"),
     (["task=chess"], "unknown task 'chess'; valid choices: aime, arith, code-synth, dapo-math, deepcoder, gsm8k, hotpotqa, humaneval"),
-    (["task=gsm8k"], "task gsm8k has no warm-up: use task arith or code-synth, or a qwen3-* scale"),
+    (["task=gsm8k"], "task gsm8k has no warm-up: use task arith or code-synth or qa-synth, or a qwen3-* scale"),
     (["task=math", "scale=qwen3-0.6b"], "task math needs data.path"),
     (["task=gsm8k", "scale=qwen3-0.6b", "data.path=/nonexistent/gsm8k.jsonl"], "data.path /nonexistent/gsm8k.jsonl does not exist"),
     (["scale=huge"], "unknown scale 'huge'; valid choices: tiny-s, tiny-m, tiny-l, qwen3-tok, qwen3-0.6b"),

@@ -1,5 +1,8 @@
 """Per-role statistics of a step's episodes: turns and tokens (and their shares), response
-length, format compliance, reward and the role's own accuracy."""
+length, format compliance, reward and the role's own accuracy; and what UnityMAS-O reports per
+agent (reward and advantage means, samples, prompt and output tokens, calls per episode,
+format-legal rate = format_ok), with the episode's own numbers (QA's EM and token F1, a loop's
+rounds used) as episode/<name>."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -24,6 +27,15 @@ def rollout_metrics(episodes: List[Episode], prefix: str = "") -> Dict[str, floa
     metrics[f"{prefix}reward/mean"] = mean(rewards)
     metrics[f"{prefix}reward/std"] = pstdev(rewards)
     metrics[f"{prefix}episode/turns"] = len(all_turns) / len(episodes)
+    qa = [e for e in episodes if "answers" in e.problem.meta]  # open-domain QA: EM is accuracy, F1 beside it
+    if qa:
+        from harness.tasks.qa import token_f1
+
+        metrics[f"{prefix}episode/em"] = mean(1.0 if e.grade is not None and e.grade.correct else 0.0 for e in qa)
+        metrics[f"{prefix}episode/f1"] = mean(token_f1(e.grade.parsed, e.problem.meta["answers"])
+                                              if e.grade is not None and e.grade.parsed else 0.0 for e in qa)
+    for name in sorted({n for e in episodes for n in e.stats}):
+        metrics[f"{prefix}episode/{name}"] = mean(e.stats[name] for e in episodes if name in e.stats)
     total_tokens = sum(len(t.response_ids) for t in all_turns) or 1
     for role, turns in sorted(turns_by_role.items()):
         lengths = [len(t.response_ids) for t in turns]
@@ -38,6 +50,11 @@ def rollout_metrics(episodes: List[Episode], prefix: str = "") -> Dict[str, floa
         metrics[f"{key}/format_ok"] = mean(float(not t.malformed) for t in turns)
         metrics[f"{key}/fallback"] = mean(float(t.fallback) for t in turns)
         metrics[f"{key}/reward"] = mean(t.reward for t in turns)
+        metrics[f"{key}/advantage_mean"] = mean(t.advantage for t in turns)
+        metrics[f"{key}/samples"] = float(len(turns))
+        metrics[f"{key}/calls"] = len(turns) / len(episodes)  # calls per episode
+        metrics[f"{key}/prompt_tokens"] = mean(len(t.prompt_ids) for t in turns)
+        metrics[f"{key}/output_tokens"] = float(sum(lengths))
         judged = [float(t.role_correct) for t in turns if t.role_correct is not None]
         if judged:
             metrics[f"{key}/accuracy"] = mean(judged)

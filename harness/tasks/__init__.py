@@ -49,7 +49,10 @@ def _code(kind: str) -> Callable:
 def _qa(kind: str) -> Callable:
     def build(cfg) -> Task:
         from harness.tasks.qa import HotpotQATask, NQTask
+        from harness.tasks.qa_synth import QASynthTask
 
+        if kind == "qa-synth":
+            return QASynthTask(cfg.qa_synth, cfg.model.cache_dir)
         return {"nq": NQTask, "hotpotqa": HotpotQATask}[kind](cfg.data)
     return build
 
@@ -64,10 +67,11 @@ TASKS: Dict[str, Callable] = {
     "dapo-math": _study_math("dapo-math"), "aime": _study_math("aime"), "math500": _study_math("math500"),
     "deepcoder": _code("deepcoder"),
     "nq": _qa("nq"), "hotpotqa": _qa("hotpotqa"),  # UnityMAS-O's search QA, EM and token F1
+    "qa-synth": _qa("qa-synth"),  # a generated multi-hop world the tiny model can search
 }
 CODE_TASKS = {"humaneval", "mbpp", "code-synth", "deepcoder"}  # graded by running model-written code in the sandbox
 NEEDS_PATH = {"math", "dapo-math", "aime", "math500", "deepcoder", "nq", "hotpotqa"}  # no offline source: the file must be given
-WARMUP_TASKS = {"arith": "arith", "code-synth": "code_synth"}  # tasks a tiny model is warmed up on -> their config
+WARMUP_TASKS = {"arith": "arith", "code-synth": "code_synth", "qa-synth": "qa_synth"}  # tasks a tiny model is warmed up on -> their config
 
 
 def build_task(cfg) -> Task:

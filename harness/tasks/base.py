@@ -68,6 +68,12 @@ class Task(ABC):
         """Whether subtasks cover the problem exactly; None when the task cannot tell."""
         return None
 
+    def check_text(self, check: str, problem: Problem, text: str, fields: Dict[str, Any]) -> Optional[bool]:
+        """Whether a search or free-text role did its job (`check:` of a graph node names what: the
+        task's own words, e.g. 'evidence', 'notes'), given the reply and the node's inputs; None
+        when the task cannot tell."""
+        return None
+
 
 class WarmupSupport(ABC):
     """What the warm-up needs to write imperfect demonstrations of every role's contract."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import re
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import List, Optional
@@ -33,6 +34,7 @@ class CodeTask(Task):
         self.sandbox = Sandbox(SandboxLimits(wall_s=sandbox_cfg.wall_s, cpu_s=sandbox_cfg.cpu_s,
                                              memory_mb=sandbox_cfg.memory_mb), unsafe=bool(sandbox_cfg.unsafe))
         self._verdicts: "OrderedDict[tuple, tuple]" = OrderedDict()
+        self._verdicts_lock = threading.Lock()  # tool nodes run programs from several threads at once
 
     def extract_answer(self, text: str) -> Optional[str]:
         return extract_code(text)
@@ -56,15 +58,17 @@ class CodeTask(Task):
         and `failed` are memoised: a timeout or kill may be the machine's load, and a sandbox
         error is the jail's fault, never the program's."""
         key = (program, checks)
-        if key in self._verdicts:
-            self._verdicts.move_to_end(key)
-            return self._verdicts[key]
+        with self._verdicts_lock:
+            if key in self._verdicts:
+                self._verdicts.move_to_end(key)
+                return self._verdicts[key]
         result = self.sandbox.run(program, checks)
         verdict = (result.passed, "" if result.passed else result.reason)
         if result.status in ("passed", "failed"):
-            self._verdicts[key] = verdict
-            if len(self._verdicts) > self.CACHE_SIZE:
-                self._verdicts.popitem(last=False)
+            with self._verdicts_lock:
+                self._verdicts[key] = verdict
+                if len(self._verdicts) > self.CACHE_SIZE:
+                    self._verdicts.popitem(last=False)
         return verdict
 
 
@@ -115,6 +119,10 @@ class MBPPTask(CodeTask):
                       "    _marl_results.append(False)"]
         lines += ["print('tests passed:', sum(_marl_results), 'of', len(_marl_results))", "assert all(_marl_results)"]
         return "\n".join(lines)
+
+    def shown_checks(self, problem: Problem) -> str:
+        """The test the prompt shows (what workflow D's verifier may run; grading runs them all)."""
+        return "\n".join([problem.meta["setup"], problem.meta["tests"][0]])
 
     def test_results(self, problem: Problem, text: str) -> tuple:
         """(tests passed, tests) of one response, read from the sandbox's report line."""
@@ -305,6 +313,58 @@ class CodeSynthTask(CodeTask, WarmupSupport):
 
     def feedback_vocabulary(self) -> List[str]:
         return ["wrong output"]
+
+    # -- the reflective-verification loop (UnityMAS-O's workflow D): plan, code, run, verify
+    PLANS = {"+": "add", "-": "sub", "*": "mul"}
+    DEMONSTRATIONS_VERSION = 3  # part of the warm key of workflow D's cells: bump when `demonstrate` changes
+
+    def shown_checks(self, problem: Problem) -> str:
+        """Checks of the two examples the question shows (what a verifier may run; grading uses all five)."""
+        return "\n".join(f"assert f({x}) == {y}" for x, y in problem.meta["tests"][:2])
+
+    def check_text(self, check: str, problem: Problem, text: str, fields: dict) -> Optional[bool]:
+        if check == "plan":  # the planner names the rule's operation
+            return text.strip().lower() == self.PLANS[problem.meta["op"]]
+        raise ValueError(f"code-synth cannot check '{check}'; valid: plan")
+
+    def demonstrate(self, template: str, prompts: dict, problem: Problem, rng: random.Random):
+        """Imperfect demonstrations of workflow D's roles (None for templates it does not serve)."""
+        q, wrong = problem.question, rng.random() < 0.3
+        plan = self.PLANS[problem.meta["op"]] if not wrong else rng.choice(list(self.PLANS.values()))
+        if template == "planner":
+            return prompts[template].format(question=q), plan
+        if template == "coder":  # solves from the examples; a plan is a hint it may not trust
+            code = problem.answer if not wrong else self.wrong_answer(problem, rng)
+            return prompts[template].format(question=q, plan=plan), code
+        if template == "coder_revise":
+            draft = self.wrong_answer(problem, rng)
+            code = problem.answer if not wrong else self.wrong_answer(problem, rng)
+            return prompts[template].format(question=q, plan=plan, draft=draft, feedback="wrong output"), code
+        if template == "verifier":
+            code = problem.answer if rng.random() < 0.5 else self.wrong_answer(problem, rng)
+            passed = all(_apply_rule(code, x) == y for x, y in problem.meta["tests"][:2])  # our own rule: no jail needed
+            result = "pass" if passed else "fail"
+            accept = passed != (rng.random() < 0.2)
+            return (prompts[template].format(question=q, code=code, result=result),
+                    "ACCEPT" if accept else "REVISE: wrong output")
+        return None
+
+
+def _apply_rule(rule: str, x: int) -> int:
+    """A generated rule 'x<op><c>' on x, computed here (demonstrations only: never model output)."""
+    op, c = rule[1], int(rule[2:])
+    return x + c if op == "+" else x - c if op == "-" else x * c
+
+
+def run_shown(code: str, problem: Problem, task: CodeTask) -> str:
+    """Workflow D's tool: the coder's program on the examples the question shows (code-synth's two,
+    MBPP's first test), in the sandbox's jail; 'pass', 'fail', or 'none' (no code). The hidden
+    tests stay with the grader."""
+    code = extract_code(code) if code and code != "?" else None
+    if code is None:
+        return "none"
+    passed, _ = task._verdict(task.program(problem, code), task.shown_checks(problem))
+    return "pass" if passed else "fail"
 
 
 def _hub_mbpp() -> List[dict]:

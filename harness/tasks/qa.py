@@ -61,6 +61,15 @@ def extract_qa_answer(text: str) -> Optional[str]:
 
 class QATask(Task):
     kind = "qa"
+    corpus: Optional[str] = None  # the passage corpus its search workflows retrieve from (JSONL)
+
+    def search_hits(self, query: str, k: int = 2) -> str:
+        """The top-k BM25 passages' texts for a query, joined; 'none' when nothing matches."""
+        from harness.tasks.retriever import CorpusError, retriever_for
+
+        if self.corpus is None:
+            raise CorpusError(f"task {self.name} has no passage corpus to search: set data.corpus=/path/to/passages.jsonl")
+        return " ".join(h["text"] for h in retriever_for(self.corpus).search(query, k)) or "none"
 
     def extract_answer(self, text: str) -> Optional[str]:
         return extract_qa_answer(text)
@@ -101,6 +110,7 @@ class NQTask(QATask):
                 raise ValueError(f"{data.path} row {i + 1}: NQ rows need 'question' and 'answer' (a list of aliases)")
             problems.append(Problem(f"nq-{row.get('id', i)}", row["question"], answers[0], {"answers": answers}))
         self._splits = split(problems, data.val_size, data.seed)
+        self.corpus = data.corpus
 
 
 class HotpotQATask(QATask):
@@ -117,3 +127,10 @@ class HotpotQATask(QATask):
                 "answers": [answer], "supporting_facts": [tuple(f) for f in row.get("supporting_facts", [])],
                 "titles": [c[0] for c in row.get("context", [])], "type": row.get("type"), "level": row.get("level")}))
         self._splits = split(problems, data.val_size, data.seed)
+        self.corpus = data.corpus
+
+
+def search(query: str, task: QATask, k: int = 2) -> str:
+    """The retrieval tool of the search workflows (A-C): the task corpus' top-k passages for a
+    query, as text for the next role's prompt; 'none' for an empty query."""
+    return task.search_hits(query, int(k)) if query.strip() else "none"

@@ -17,7 +17,7 @@ from harness.tasks import Grade, Problem, Task
 @dataclass(frozen=True)
 class RoleSpec:
     name: str
-    contract: str  # "answer" | "verdict" | "index" | "subtasks"
+    contract: str  # "answer" | "verdict" | "index" | "subtasks" | "search" | "text"
     instances: int = 1
 
 
@@ -59,6 +59,7 @@ class Episode:
     final_text: str = ""
     grade: Optional[Grade] = None
     group: int = 0  # which problem of the step (GRPO group)
+    stats: Dict[str, float] = field(default_factory=dict)  # episode-level numbers (rounds used), averaged as episode/<name>
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,20 @@ GenerateFn = Callable[[str, List[str], Sampling], List[Generation]]
 class Scheduler:
     """Collects concurrent generate requests from all episodes and serves them per policy."""
 
+    TOOL_WORKERS = 4  # tool calls of one round run side by side (sandbox runs are subprocesses)
+
     def __init__(self, generate: GenerateFn):
         self._generate = generate
         self._pending: List[Tuple[str, str, Sampling, asyncio.Future]] = []
+        self._tools: List[Tuple[Callable[..., Any], Dict[str, Any], asyncio.Future]] = []
         self.calls: List[Tuple[str, int]] = []  # (policy, batch size) of each batched generate
+
+    def call_tool(self, tool: Callable[..., Any], kwargs: Dict[str, Any]) -> Awaitable[Any]:
+        """A workflow's tool call (retrieval, running code), served with every other episode's tool
+        calls of the same round at once, results handed back in request order (deterministic)."""
+        future = asyncio.get_running_loop().create_future()
+        self._tools.append((tool, kwargs, future))
+        return future
 
     def request(self, policy: str, prompt: str, sampling: Sampling) -> Awaitable[Generation]:
         future = asyncio.get_running_loop().create_future()
@@ -91,11 +102,28 @@ class Scheduler:
         tasks = [asyncio.ensure_future(c) for c in coroutines]
         while not all(t.done() for t in tasks):
             await _settle()
-            if self._pending:
+            if self._tools:
+                self._run_tools()
+            elif self._pending:
                 self._flush()
             elif not all(t.done() for t in tasks):
                 await asyncio.sleep(0)
         return [t.result() for t in tasks]  # re-raises a workflow's exception
+
+    def _run_tools(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pending, self._tools = self._tools, []
+        if len(pending) == 1:
+            results = [_outcome(pending[0][0], pending[0][1])]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.TOOL_WORKERS, len(pending))) as pool:
+                results = list(pool.map(lambda item: _outcome(item[0], item[1]), pending))
+        for (_, _, future), (value, error) in zip(pending, results):
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -107,6 +135,13 @@ class Scheduler:
             self.calls.append((policy, len(items)))
             for (_, _, _, future), output in zip(items, outputs):
                 future.set_result(output)
+
+
+def _outcome(tool: Callable[..., Any], kwargs: Dict[str, Any]) -> Tuple[Any, Optional[BaseException]]:
+    try:
+        return tool(**kwargs), None
+    except Exception as exc:  # noqa: BLE001 - re-raised in the episode that called the tool
+        return None, exc
 
 
 async def _settle() -> None:
@@ -146,6 +181,10 @@ class Agents:
         self.turns.append(turn)
         return turn
 
+    async def tool(self, tool: Callable[..., Any], **kwargs: Any) -> Any:
+        """A tool node's call, batched with the other episodes' (see Scheduler.call_tool)."""
+        return await self._scheduler.call_tool(tool, kwargs)
+
 
 class Workflow(ABC):
     """A topology: its roles and its episode program."""
@@ -169,6 +208,15 @@ class Workflow(ABC):
 
     def templates(self) -> Dict[str, str]:
         """Prompt templates the workflow brings itself (a graph's `prompts:`), besides the cell's."""
+        return {}
+
+    def role_budgets(self) -> Dict[str, int]:
+        """The fewest new tokens a role needs (a graph's `max_new_tokens`), raising the cell's default
+        for it; a cell's workflow.role_max_new_tokens wins."""
+        return {}
+
+    def partial_groups(self) -> Dict[str, List[str]]:
+        """sharing=partial: the workflow's own policy groups (policy -> roles); {} when it has none."""
         return {}
 
     def role_instances(self) -> List[Tuple[str, int]]:
@@ -228,6 +276,30 @@ class Workflow(ABC):
         self.mark_format(result, self.task.extract_answer(result.text))
         result.role_correct = (self.task.grade(problem, result.text).correct if self.style.tolerant
                                else self.task.grade_subtask(subtask, result.text))
+
+    def mark_search(self, turn: Turn, problem: Problem, check: Optional[str], fields: Dict[str, Any]) -> Dict[str, Any]:
+        """A search role's action (`SEARCH: <query>` or `STOP`), its format, and whether the task
+        judges it right (`check`, e.g. a query that finds a needed passage; stopping once the notes
+        hold every needed fact)."""
+        from harness.workflows.contracts import parse_search
+
+        action = parse_search(turn.text, self.style.tolerant)
+        turn.malformed, turn.fallback = action.malformed, action.fallback
+        text = "STOP" if action.stop else f"SEARCH: {action.query}"
+        if check and not action.fallback:
+            turn.role_correct = self.task.check_text(check, problem, text, fields)
+        elif check:
+            turn.role_correct = False
+        return {"search": not action.stop, "stop": action.stop, "query": action.query, "text": text}
+
+    def mark_text(self, turn: Turn, problem: Problem, check: Optional[str], fields: Dict[str, Any]) -> str:
+        """A free-text role's reply (evidence, notes, a plan), its format, and the task's check of it."""
+        from harness.workflows.contracts import parse_text
+
+        text, turn.malformed, turn.fallback = parse_text(turn.text, self.style.tolerant)
+        if check:
+            turn.role_correct = (not turn.fallback) and bool(self.task.check_text(check, problem, text, fields))
+        return text
 
     def numbered(self, turns: List[Turn], labels: Optional[List[str]] = None) -> str:
         """Full replies as the real-model prompts show them ('--- Solution 1 ---'), numbered from

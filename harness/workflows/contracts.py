@@ -188,7 +188,8 @@ def parse_subtasks(text: str, max_subtasks: int, fallback: str, tolerant: bool =
     max_subtasks. None parsed: the whole problem is one subtask (malformed). Too many: the first
     max_subtasks are kept (malformed).
 
-    tolerant (Qwen3 prompts, strict format `STRATEGY k: ...` lines numbered 1..m, m <= max):
+    tolerant (Qwen3 prompts, strict format `STRATEGY k: ...` lines numbered 1..m, m <= max; a search
+    decomposer's `SUBQUERY k: ...` alike):
     'STRATEGY k:' items, else a numbered list ('1.', '1)', 'Step 1:'), else a bulleted list;
     the first max_subtasks are kept; none: the whole problem (malformed, fallback)."""
     if not tolerant:
@@ -199,7 +200,7 @@ def parse_subtasks(text: str, max_subtasks: int, fallback: str, tolerant: bool =
             return parts[:max_subtasks], True, False
         return parts, False, False
     body = _plain(text)
-    strategies = re.findall(r"^[ \t>#]*strategy\s*(\d+)\s*[:.)\-–—]+\s*(.+?)\s*$", body, re.I | re.M)
+    strategies = re.findall(r"^[ \t>#]*(?:strategy|sub-?query)\s*(\d+)\s*[:.)\-–—]+\s*(.+?)\s*$", body, re.I | re.M)
     items = strategies or re.findall(r"^[ \t>#]*(?:step\s*)?(\d+)\s*[.):\-–—]+\s+(.+?)\s*$", body, re.I | re.M)
     items = items or [("", m) for m in re.findall(r"^[ \t]*[-*•]\s+(.+?)\s*$", body, re.M)]
     parts = [_strip_label(item) for _, item in items if _strip_label(item)]
@@ -207,7 +208,7 @@ def parse_subtasks(text: str, max_subtasks: int, fallback: str, tolerant: bool =
         return [fallback], True, True
     numbers = [int(k) for k, _ in strategies]
     exact = bool(strategies) and numbers == list(range(1, len(numbers) + 1)) and len(numbers) <= max_subtasks \
-        and re.search(r"^\s*STRATEGY 1: ", visible(text), re.M) is not None
+        and re.search(r"^\s*(?:STRATEGY|SUBQUERY) 1: ", visible(text), re.M) is not None
     return parts[:max_subtasks], not exact, False
 
 
@@ -220,3 +221,45 @@ def parse_answer(text: str, extract) -> tuple[Optional[str], bool]:
     """The task's own extraction; no answer found is malformed."""
     answer = extract(text)
     return answer, answer is None
+
+
+@dataclass(frozen=True)
+class SearchAction:
+    stop: bool
+    query: str  # '' when stopping
+    malformed: bool
+    fallback: bool = False
+
+
+_SEARCH = re.compile(r"^[ \t>#*]*search\s*[:：]\s*(.+?)\s*$", re.I | re.M)
+_STOP = re.compile(r"^[ \t>#*]*stop\b", re.I | re.M)
+
+
+def parse_search(text: str, tolerant: bool = False) -> SearchAction:
+    """A search role's next action (M-ASK's planning and search agents): `SEARCH: <query>` or
+    `STOP`. tiny: exactly one of them as the whole reply. tolerant: the last such line anywhere.
+    Nothing readable stops the search (fallback): a loop never runs on a guess."""
+    body = _plain(text).strip()
+    if not tolerant:
+        match = re.fullmatch(r"SEARCH:\s*(\S.*)", body)
+        if match and "\n" not in body:
+            return SearchAction(False, match.group(1).strip(), False)
+        if body == "STOP":
+            return SearchAction(True, "", False)
+        return SearchAction(True, "", True, True)
+    actions = [(m.start(), False, m.group(1)) for m in _SEARCH.finditer(body)]
+    actions += [(m.start(), True, "") for m in _STOP.finditer(body)]
+    if not actions:
+        return SearchAction(True, "", True, True)
+    _, stop, query = max(actions)
+    exact = body == "STOP" if stop else re.fullmatch(r"SEARCH: \S.*", body) is not None
+    return SearchAction(stop, query.strip(), not exact)
+
+
+def parse_text(text: str, tolerant: bool = False) -> Tuple[str, bool, bool]:
+    """(text, malformed, fallback) of a free-text role (evidence, notes, a plan): tiny wants one
+    non-empty line; tolerant takes the visible reply. Empty: '' (fallback)."""
+    body = visible(text).strip()
+    if not body:
+        return "", True, True
+    return body, (not tolerant) and "\n" in body, False

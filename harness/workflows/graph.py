@@ -25,10 +25,20 @@ Nodes by their role's contract, and the state fields they write (read as `<node>
 - index (`over: <answer node with several replies>`): picks one; `chosen` (its text), `index`.
 - verdict (`judges: <answer node>`): `accept`, `revise` (booleans for edge conditions), `feedback`.
 - subtasks: `items` (at most `workflow.max_subtasks`).
+- search (`SEARCH: <query>` or `STOP`): `search`, `stop` (booleans for edges), `query`, `text`.
+- text (free text: evidence, notes, a plan): `text`, `correct`. Search and text nodes may name a
+  `check:` that the task judges the reply by (Task.check_text: the role's own accuracy).
 - tool (`tool: package.module:function`, no role; `params:` literal keyword arguments besides the
-  inputs): `value` (and `text`), the callable's return, e.g. `harness.tasks.retriever:retrieve`.
-A graph may define its own templates under `prompts:` (name -> text with `{field}`s).
-Inputs map a prompt field to `question`, `item`, `workflow.<field>` or `<node>.<field>`; a node
+  inputs; inputs may also be `task` and `problem`, the objects): `value` (and `text`), the
+  callable's return, e.g. `harness.tasks.qa:search`; with `for_each: <node>.items` one call per
+  item (parallel retrieval per sub-query), `text` their results joined by newlines.
+A graph may define its own templates under `prompts:` (name -> text with `{field}`s), and per
+prompt set under `prompt_sets: {qwen3: {...}}` (real models' wording over the tiny one). A role
+may say it needs at least `max_new_tokens`; `partial: {policy: [roles]}` is what `sharing=partial`
+means for the graph; `count: {metric: node}` logs how often a node ran per episode
+(`episode/<metric>`, e.g. a loop's rounds).
+Inputs map a prompt field to `question`, `item`, `workflow.<field>` or `<node>.<field>`, the
+last with a default while the node has not run (`"update.text ?? none"`: a loop's first round); a node
 may `writes: <other node>` to replace that node's result (a revision replaces the draft); `prompt`
 names its template (default: the role's). `final` is the node whose text is the episode's answer.
 Load-time checks (unknown role or node, a cycle without a bound, an unreachable node, a field no
@@ -47,16 +57,21 @@ from harness.config import ConfigError
 from harness.workflows.base import Agents, Episode, RoleSpec, Turn, Workflow
 from harness.workflows.contracts import ACCEPT
 
-CONTRACTS = ("answer", "index", "verdict", "subtasks")
+CONTRACTS = ("answer", "index", "verdict", "subtasks", "search", "text")
 FIELDS = {
     "answer": ("text", "answer", "correct"),
     "answers": ("candidates", "solutions", "results"),
     "index": ("chosen", "index"),
     "verdict": ("accept", "revise", "feedback"),
     "subtasks": ("items",),
+    "search": ("search", "stop", "query", "text"),
+    "text": ("text", "correct"),
     "tool": ("value", "text", "answer"),
 }
-NODE_KEYS = {"role", "prompt", "inputs", "fan_out", "for_each", "over", "judges", "writes", "grade", "tool", "params"}
+NODE_KEYS = {"role", "prompt", "inputs", "fan_out", "for_each", "over", "judges", "writes", "grade", "tool", "params",
+             "check"}
+ROLE_KEYS = {"contract", "instances", "max_new_tokens"}
+OBJECT_INPUTS = ("task", "problem")  # a tool node's inputs may be the cell's Task or the episode's Problem
 
 
 class GraphError(ConfigError):
@@ -78,6 +93,7 @@ class NodeSpec:
     grade: str = "problem"
     tool: Optional[str] = None
     params: Dict[str, Any] = field(default_factory=dict)  # a tool's literal keyword arguments
+    check: Optional[str] = None  # search/text roles: what the task checks of the reply (Task.check_text)
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,10 @@ class GraphSpec:
     edges: List[EdgeSpec]
     final: str
     prompts: Dict[str, str] = field(default_factory=dict)  # the graph's own templates, by name
+    budgets: Dict[str, int] = field(default_factory=dict)  # role -> max_new_tokens the graph asks for
+    partial: Dict[str, List[str]] = field(default_factory=dict)  # sharing=partial: policy -> roles
+    counts: Dict[str, str] = field(default_factory=dict)  # episode metric -> the node whose runs it counts
+    prompt_sets: Dict[str, Dict[str, str]] = field(default_factory=dict)  # e.g. qwen3: templates for real models
 
 
 def read_graph(source) -> dict:
@@ -122,12 +142,18 @@ def parse_graph(data: dict) -> GraphSpec:
     missing = [k for k in ("roles", "nodes", "final") if k not in data]
     if missing:
         raise GraphError(f"workflow graph {data.get('name', '?')} lacks {', '.join(missing)}")
-    roles = {}
+    roles, budgets = {}, {}
     for name, role in (data["roles"] or {}).items():
-        contract = (role or {}).get("contract", "answer")
+        role = role or {}
+        unknown = sorted(map(str, set(role) - ROLE_KEYS))
+        if unknown:
+            raise GraphError(f"role {name}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(ROLE_KEYS))}")
+        contract = role.get("contract", "answer")
         if contract not in CONTRACTS:
             raise GraphError(f"role {name}: unknown contract '{contract}'; valid choices: {', '.join(CONTRACTS)}")
-        roles[str(name)] = (contract, (role or {}).get("instances", 1))
+        roles[str(name)] = (contract, role.get("instances", 1))
+        if "max_new_tokens" in role:
+            budgets[str(name)] = int(role["max_new_tokens"])
     nodes: Dict[str, NodeSpec] = {}
     for node_id, raw in (data["nodes"] or {}).items():
         raw = dict(raw or {})
@@ -143,7 +169,11 @@ def parse_graph(data: dict) -> GraphSpec:
             raise GraphError(f"edge {edge}: write [source, target] or [source, target, {{when: ..., max_rounds: ...}}]")
         edges.append(EdgeSpec(str(edge[0]), str(edge[1]), options.get("when"), options.get("max_rounds")))
     prompts = {str(k): str(v) for k, v in (data.get("prompts") or {}).items()}
-    spec = GraphSpec(str(data.get("name", "graph")), roles, nodes, edges, str(data["final"]), prompts)
+    partial = {str(k): [str(m) for m in v] for k, v in (data.get("partial") or {}).items()}
+    counts = {str(k): str(v) for k, v in (data.get("count") or {}).items()}
+    prompt_sets = {str(s): {str(k): str(v) for k, v in (t or {}).items()} for s, t in (data.get("prompt_sets") or {}).items()}
+    spec = GraphSpec(str(data.get("name", "graph")), roles, nodes, edges, str(data["final"]), prompts, budgets,
+                     partial, counts, prompt_sets)
     _check(spec)
     return spec
 
@@ -151,7 +181,7 @@ def parse_graph(data: dict) -> GraphSpec:
 def _node(node_id: str, raw: dict, roles) -> NodeSpec:
     if "tool" in raw:
         return NodeSpec(node_id, None, "tool", inputs={str(k): str(v) for k, v in (raw.get("inputs") or {}).items()},
-                        tool=str(raw["tool"]), params=dict(raw.get("params") or {}))
+                        for_each=raw.get("for_each"), tool=str(raw["tool"]), params=dict(raw.get("params") or {}))
     role = raw.get("role")
     if role not in roles:
         raise GraphError(f"node {node_id}: unknown role '{role}'; the graph's roles: {', '.join(roles)}")
@@ -161,8 +191,11 @@ def _node(node_id: str, raw: dict, roles) -> NodeSpec:
     grade = raw.get("grade", "problem")
     if grade not in ("problem", "item"):
         raise GraphError(f"node {node_id}: grade must be problem or item, got '{grade}'")
+    if raw.get("check") is not None and kind not in ("search", "text"):
+        raise GraphError(f"node {node_id}: check: goes with a search or text role, not {kind}")
     return NodeSpec(node_id, str(role), kind, raw.get("prompt"), {str(k): str(v) for k, v in (raw.get("inputs") or {}).items()},
-                    raw.get("fan_out"), raw.get("for_each"), raw.get("over"), raw.get("judges"), raw.get("writes"), grade)
+                    raw.get("fan_out"), raw.get("for_each"), raw.get("over"), raw.get("judges"), raw.get("writes"), grade,
+                    check=raw.get("check"))
 
 
 def _check(spec: GraphSpec) -> None:
@@ -182,7 +215,10 @@ def _check(spec: GraphSpec) -> None:
     for node in nodes.values():
         where = f"node {node.id}"
         for name, ref in node.inputs.items():
-            if ref not in ("question", "item") and not ref.startswith("workflow."):
+            ref = _default(ref)[0]
+            if ref in OBJECT_INPUTS and node.kind != "tool":
+                raise GraphError(f"{where}: input {name} reads '{ref}', which only a tool node takes (a prompt gets text)")
+            if ref not in ("question", "item") + OBJECT_INPUTS and not ref.startswith("workflow."):
                 _field_ref(spec, ref, where)
             if ref == "item" and not node.for_each:
                 raise GraphError(f"{where}: input {name} reads 'item', which only a for_each node has")
@@ -196,8 +232,22 @@ def _check(spec: GraphSpec) -> None:
             raise GraphError(f"{where}: a verdict node judges an answer node: add judges: <node>")
         if node.for_each:
             _field_ref(spec, node.for_each, where)
+    for policy, members in spec.partial.items():
+        unknown = [m for m in members if m not in spec.roles]
+        if unknown:
+            raise GraphError(f"partial sharing group {policy} names unknown role(s) {', '.join(unknown)}")
+    for metric, node in spec.counts.items():
+        if node not in nodes:
+            raise GraphError(f"count: {metric} names unknown node '{node}'")
     _check_reachable(spec)
     _check_bounded(spec)
+
+
+def _default(ref: str) -> Tuple[str, Optional[str]]:
+    """'update.text ?? none': read update.text, or 'none' while node update has not run yet (a
+    loop's first round)."""
+    ref, sep, default = ref.partition("??")
+    return ref.strip(), (default.strip() if sep else None)
 
 
 def _field_ref(spec: GraphSpec, ref: str, where: str) -> None:
@@ -287,7 +337,14 @@ class GraphWorkflow(Workflow):
         return int(value)
 
     def templates(self) -> Dict[str, str]:
-        return dict(self.spec.prompts)
+        """The graph's templates, those of the cell's prompt set (`prompt_sets: {qwen3: ...}`) over them."""
+        return {**self.spec.prompts, **self.spec.prompt_sets.get(getattr(self.cfg, "prompt_set", "tiny"), {})}
+
+    def role_budgets(self) -> Dict[str, int]:
+        return dict(self.spec.budgets)
+
+    def partial_groups(self) -> Dict[str, List[str]]:
+        return {k: list(v) for k, v in self.spec.partial.items()}
 
     def roles(self) -> List[RoleSpec]:
         return [RoleSpec(name, contract, self._count(instances)) for name, (contract, instances) in self.spec.roles.items()]
@@ -295,9 +352,11 @@ class GraphWorkflow(Workflow):
     async def episode(self, problem, agents: Agents) -> Episode:
         state: Dict[str, _Result] = {}
         rounds: Dict[int, int] = {}
+        runs: Dict[str, int] = {}
         node = next(iter(self.spec.nodes))
         while node is not None:
             spec = self.spec.nodes[node]
+            runs[node] = runs.get(node, 0) + 1
             result = await self._run(spec, problem, agents, state)
             state[spec.writes or spec.id] = result
             if spec.writes:
@@ -309,7 +368,8 @@ class GraphWorkflow(Workflow):
         else:
             text = final.turns[0].text if final.turns else final.fields["text"]
         grade = final.grade if final.grade is not None and "chosen" not in final.fields else self.task.grade(problem, text)
-        return Episode(problem, agents.turns, text, grade)
+        stats = {metric: float(runs.get(node, 0)) for metric, node in self.spec.counts.items()}
+        return Episode(problem, agents.turns, text, grade, stats=stats)
 
     def _next(self, node: str, state, rounds) -> Optional[str]:
         for index, edge in enumerate(self.spec.edges):
@@ -326,10 +386,17 @@ class GraphWorkflow(Workflow):
             return edge.target
         return None
 
-    def _fields(self, spec: NodeSpec, problem, state, item: Optional[str] = None) -> Dict[str, str]:
-        values = {}
+    def _fields(self, spec: NodeSpec, problem, state, item: Optional[str] = None) -> Dict[str, Any]:
+        values: Dict[str, Any] = {}
         for name, ref in spec.inputs.items():
-            if ref == "question":
+            ref, default = _default(ref)
+            if ref == "task":
+                values[name] = self.task
+            elif ref == "problem":
+                values[name] = problem
+            elif default is not None and ref.partition(".")[0] not in state:
+                values[name] = default
+            elif ref == "question":
                 values[name] = problem.question
             elif ref == "item":
                 values[name] = item
@@ -342,8 +409,7 @@ class GraphWorkflow(Workflow):
 
     async def _run(self, spec: NodeSpec, problem, agents: Agents, state) -> _Result:
         if spec.kind == "tool":
-            value = self.tools[spec.id](**spec.params, **self._fields(spec, problem, state))
-            return _Result([], {"value": value, "text": str(value), "answer": str(value)})
+            return await self._tool(spec, problem, agents, state)
         if spec.kind == "answers":
             return await self._answers(spec, problem, agents, state)
         turn = await agents.ask(spec.role, 0, spec.prompt, **self._fields(spec, problem, state))
@@ -354,11 +420,29 @@ class GraphWorkflow(Workflow):
             over = state[spec.over]
             index = self.mark_pick(turn, over.turns)
             return _Result([turn], {"chosen": over.turns[index].text, "index": index})
+        if spec.kind == "search":
+            return _Result([turn], self.mark_search(turn, problem, spec.check, self._fields(spec, problem, state)))
+        if spec.kind == "text":
+            text = self.mark_text(turn, problem, spec.check, self._fields(spec, problem, state))
+            return _Result([turn], {"text": text, "correct": bool(turn.role_correct)})
         if spec.kind == "verdict":
             verdict = self.mark_verdict(turn, bool(state[spec.judges].fields["correct"]))
             return _Result([turn], {"accept": verdict.verdict == ACCEPT, "revise": verdict.verdict != ACCEPT,
                                     "feedback": verdict.feedback or "none"})
         return _Result([turn], {"items": self.mark_plan(turn, problem)})
+
+    async def _tool(self, spec: NodeSpec, problem, agents: Agents, state) -> _Result:
+        """A tool's call, or one call per item of a list (`for_each`: parallel retrieval per sub-query),
+        their texts joined by newlines; served with the other episodes' calls (Scheduler.call_tool)."""
+        tool = self.tools[spec.id]
+        if not spec.for_each:
+            value = await agents.tool(tool, **spec.params, **self._fields(spec, problem, state))
+            return _Result([], {"value": value, "text": str(value), "answer": str(value)})
+        node, _, key = spec.for_each.partition(".")
+        values = await gather(*(agents.tool(tool, **spec.params, **self._fields(spec, problem, state, item))
+                                for item in state[node].fields[key]))
+        text = "\n".join(str(v) for v in values)
+        return _Result([], {"value": values, "text": text, "answer": text})
 
     async def _answers(self, spec: NodeSpec, problem, agents: Agents, state) -> _Result:
         if spec.for_each:
@@ -381,13 +465,16 @@ class GraphWorkflow(Workflow):
                                      "correct": bool(turns and turns[0].role_correct)})
 
 
-GRAPH_DIR = Path(__file__).resolve().parent / "graphs"  # the four study topologies as graphs
+GRAPH_DIR = Path(__file__).resolve().parent / "graphs"  # the study topologies and UnityMAS-O workflows A-D
 
 
 def is_graph_topology(topology: str) -> bool:
-    """`topology=` names a graph rather than a registered workflow: a YAML path, `graph:<study
-    topology>`, or an import path `package.module:NAME` to a graph dict or a Workflow class."""
-    return topology.endswith((".yaml", ".yml")) or ":" in topology
+    """`topology=` names a graph rather than a registered workflow: one of UnityMAS-O's workflows
+    (`qd_retrieve_answer`, ...), a YAML path, `graph:<name>`, or an import path
+    `package.module:NAME` to a graph dict or a Workflow class."""
+    from harness.config import GRAPH_TOPOLOGIES
+
+    return topology in GRAPH_TOPOLOGIES or topology.endswith((".yaml", ".yml")) or ":" in topology
 
 
 def graph_source(topology: str):
@@ -397,8 +484,8 @@ def graph_source(topology: str):
         if isinstance(target, dict) or (isinstance(target, type) and issubclass(target, Workflow)):
             return target
         raise GraphError(f"topology={topology} names neither a graph dict nor a Workflow class")
-    if topology.startswith("graph:"):
-        name = topology.split(":", 1)[1]
+    if topology.startswith("graph:") or ":" not in topology and not topology.endswith((".yaml", ".yml")):
+        name = topology.split(":", 1)[-1]
         path = GRAPH_DIR / f"{name}.yaml"
         if not path.is_file():
             choices = ", ".join(f"graph:{p.stem}" for p in sorted(GRAPH_DIR.glob("*.yaml")))

@@ -1,0 +1,63 @@
+"""The numbers UnityMAS-O reports for a workflow, per cell: the task metric (EM and token F1 for
+search QA, the all-passed rate for code), the loop's rounds or searches used, early (first 20
+steps) and late (last 20 steps), and the validation figures; and per agent: reward and advantage
+means, samples, prompt and output tokens, calls per episode and the format-legal rate."""
+from __future__ import annotations
+
+from typing import List
+
+import pandas as pd
+
+WINDOW = 20  # steps: "first 20 vs last 20", as the README quotes them
+EPISODE_KEYS = ("accuracy", "episode/f1", "episode/rounds", "episode/searches")
+AGENT_KEYS = (("reward", "reward"), ("advantage_mean", "adv mean"), ("samples", "samples"),
+              ("prompt_tokens", "prompt tokens"), ("output_tokens", "output tokens"), ("calls", "calls"),
+              ("format_ok", "format legal"))
+
+
+def _label(key: str, task: str) -> str:
+    from harness.tasks import CODE_TASKS
+
+    if key == "accuracy":
+        return "all passed" if task in CODE_TASKS else "EM" if task in ("qa-synth", "nq", "hotpotqa") else "accuracy"
+    return key.split("/")[-1].replace("f1", "F1")
+
+
+def workflow_rows(metrics: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: each episode metric's first-20 and last-20 means, and final validation
+    EM/F1 or accuracy."""
+    rows: List[dict] = []
+    for _, cell in cells.iterrows():
+        mine = metrics[metrics["cell_id"] == cell["cell_id"]].sort_values("step")
+        train = mine[mine["accuracy"].notna()] if "accuracy" in mine else mine.iloc[0:0]
+        row = {"cell_id": cell["cell_id"], "topology": cell["topology"], "sharing": cell["sharing"],
+               "task": cell["task"], "steps": len(train)}
+        for key in EPISODE_KEYS:
+            if key in train and train[key].notna().any():
+                label = _label(key, str(cell["task"]))
+                row[f"{label} first {WINDOW}"] = train[key].head(WINDOW).mean()
+                row[f"{label} last {WINDOW}"] = train[key].tail(WINDOW).mean()
+        for key in ("val/accuracy", "val/episode/f1"):
+            if key in mine and mine[key].notna().any():
+                row[f"val {_label(key.split('val/')[1], str(cell['task']))} final"] = mine[key].dropna().iloc[-1]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def agent_rows(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per agent (role) of one run: the mean over training steps of what UnityMAS-O logs."""
+    train = metrics[metrics["accuracy"].notna()] if "accuracy" in metrics else metrics
+    roles = sorted({c.split("/")[1] for c in train.columns if c.startswith("role/") and c.endswith("/calls")})
+    rows = []
+    for role in roles:
+        row = {"agent": role}
+        for key, label in AGENT_KEYS:
+            column = f"role/{role}/{key}"
+            if column in train:
+                row[label] = train[column].mean()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def columns_needed() -> List[str]:
+    return ["accuracy", "val/accuracy", "val/episode/f1", *EPISODE_KEYS]

@@ -1,0 +1,245 @@
+"""UnityMAS-O's workflows A-D (harness/workflows/graphs/): the generated QA world, the search and
+free-text contracts, the loops' bounds (D stops when the verifier accepts, never past 3 rounds;
+M-ASK stops on STOP, never past 3 searches), per-agent metrics, and every workflow training from
+the CLI on the tiny model."""
+import json
+import random
+import subprocess
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.config import CodeSynthConfig, QASynthConfig, SandboxConfig
+from harness.instrument.rollout import rollout_metrics
+from harness.tasks.code import CodeSynthTask
+from harness.tasks.qa_synth import QASynthTask
+from harness.workflows.base import Agents, Generation, Scheduler
+from harness.workflows.contracts import parse_search, parse_text
+from harness.workflows.graph import GRAPH_DIR, GraphWorkflow, load_graph
+from tests.conftest import REPO, cell, python_cmd
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return QASynthTask(OmegaConf.structured(QASynthConfig), tmp_path_factory.mktemp("cache"))
+
+
+def test_the_qa_world_holds_out_its_validation_questions_and_answers_from_its_corpus(world):
+    train = {p.question for p in world.problems("train")}
+    val = world.problems("val")
+    assert not train & {p.question for p in val}
+    assert {p.meta["kind"] for p in val} == {"lookup", "compare", "bridge"}
+    compare = [p for p in world.problems("train") if p.meta["kind"] == "compare"]
+    assert 0.35 < sum(p.answer == "yes" for p in compare) / len(compare) < 0.65
+    passages = [json.loads(line)["text"] for line in open(world.corpus)]
+    for problem in val:
+        assert all(fact in passages for fact in problem.meta["facts"])
+        for query, fact in zip(problem.meta["queries"], problem.meta["facts"]):
+            assert fact in world.search_hits(query, 2)  # BM25 finds each needed fact from its sub-query
+    again = QASynthTask(OmegaConf.structured(QASynthConfig), None)
+    assert [p.question for p in again.problems("val")] == [p.question for p in val]  # seeded world
+
+
+def test_search_roles_are_judged_on_their_job(world):
+    bridge = next(p for p in world.problems("val") if p.meta["kind"] == "bridge")
+    first, second = bridge.meta["facts"]
+    q1, q2 = bridge.meta["queries"]
+    check = world.check_text
+    assert check("search", bridge, f"SEARCH: {q1}", {"question": bridge.question})
+    assert not check("search", bridge, f"SEARCH: {q2}", {"question": bridge.question})  # needs the first hop's answer
+    assert check("search", bridge, f"SEARCH: {q2}", {"notes": first})
+    assert not check("search", bridge, "STOP", {"notes": first})
+    assert check("search", bridge, "STOP", {"notes": f"{first} {second}"})
+    assert check("notes", bridge, f"{first} {second}", {"notes": first, "evidence": second})
+    assert not check("notes", bridge, second, {"notes": first, "evidence": second})  # dropped a kept fact
+    passages = f"{first} {second}"
+    assert check("evidence", bridge, passages, {"passages": passages + " zzzz lives in oslo."})
+    assert not check("evidence", bridge, first, {"passages": passages})
+    assert world.check_plan(bridge, [q2, q1]) and not world.check_plan(bridge, [q1])
+
+
+def test_search_and_text_contracts_parse_as_documented():
+    assert parse_search("SEARCH: kamo lives") == parse_search("SEARCH:kamo lives")
+    assert parse_search("SEARCH: kamo lives").query == "kamo lives"
+    assert parse_search("STOP").stop and not parse_search("STOP").malformed
+    garbled = parse_search("kamo lives")
+    assert garbled.stop and garbled.fallback and garbled.malformed  # nothing readable stops the search
+    tolerant = parse_search("I need the boss first.\nSEARCH: kamo works", tolerant=True)
+    assert tolerant.query == "kamo works" and tolerant.malformed and not tolerant.fallback
+    assert parse_text("kamo lives in oslo.") == ("kamo lives in oslo.", False, False)
+    assert parse_text("  ") == ("", True, True)
+    assert parse_text("a\nb")[1] and not parse_text("a\nb", tolerant=True)[1]
+
+
+def _episode(workflow, problem, script):
+    """One episode with scripted replies (reply = script(prompt)): the control flow alone."""
+    def generate(policy, prompts, sampling):
+        return [Generation([1], [2] * len(script(p).split()), script(p), False) for p in prompts]
+
+    scheduler = Scheduler(generate)
+    prompts = {**workflow.templates()}
+    roles = [r.name for r in workflow.roles()]
+    agents = Agents(scheduler, lambda role, i: role, prompts, {r: 16 for r in roles}, 1.0, False)
+    return scheduler.run([workflow.episode(problem, agents)])[0]
+
+
+@pytest.fixture(scope="module")
+def code_task():
+    return CodeSynthTask(OmegaConf.structured(CodeSynthConfig), OmegaConf.structured(SandboxConfig))
+
+
+def _reflective(task):
+    cfg = cell_free_workflow_cfg()
+    return GraphWorkflow(task, cfg, load_graph(GRAPH_DIR / "reflective_code.yaml"))
+
+
+def cell_free_workflow_cfg():
+    from harness.config import WorkflowConfig
+
+    return OmegaConf.structured(WorkflowConfig)
+
+
+def test_reflective_code_stops_when_the_verifier_accepts_and_never_runs_past_three_rounds(code_task):
+    workflow = _reflective(code_task)
+    problem = code_task.problems("val")[0]
+    wrong = code_task.wrong_answer(problem, random.Random(0))
+
+    def stubborn(prompt):  # a verifier that never accepts
+        return "REVISE: wrong output" if prompt.startswith("verify:") else "mul" if prompt.startswith("approach:") else wrong
+
+    episode = _episode(workflow, problem, stubborn)
+    assert episode.stats["rounds"] == 3
+    assert [t.role for t in episode.turns] == ["planner"] + ["coder", "verifier"] * 3
+    assert not episode.grade.correct
+
+    def accepts(prompt):  # the verifier accepts the first program that passes the shown examples
+        if prompt.startswith("verify:"):
+            return "ACCEPT" if prompt.endswith("run: pass") else "REVISE: wrong output"
+        if prompt.startswith("approach:"):
+            return "mul"
+        return problem.answer if "last:" in prompt else wrong
+
+    episode = _episode(workflow, problem, accepts)
+    assert episode.stats["rounds"] == 2 and episode.grade.correct
+    verifier = [t for t in episode.turns if t.role == "verifier"]
+    assert [t.role_correct for t in verifier] == [True, True]  # revised the wrong draft, accepted the right one
+
+
+def test_mask_search_follows_the_notes_and_stops_within_three_searches(world):
+    workflow = GraphWorkflow(world, cell_free_workflow_cfg(), load_graph(GRAPH_DIR / "mask_search.yaml"))
+    bridge = next(p for p in world.problems("val") if p.meta["kind"] == "bridge")
+    q1, q2 = bridge.meta["queries"]
+    f1, f2 = bridge.meta["facts"]
+
+    def faithful(prompt):
+        if prompt.startswith("plan:"):
+            return f"SEARCH: {q1}"
+        if prompt.startswith("sum:"):
+            return f1 if f1 in prompt else f2
+        if prompt.startswith("note:"):
+            notes, new = prompt[len("note: "):].split("\nnew: ")
+            return new if notes == "none" else f"{notes} {new}"
+        if prompt.startswith("next:"):
+            return "STOP" if f2 in prompt else f"SEARCH: {q2}"
+        return bridge.answer
+
+    episode = _episode(workflow, bridge, faithful)
+    assert episode.grade.correct and episode.stats["searches"] == 2
+    assert all(t.role_correct for t in episode.turns)
+    never_done = _episode(workflow, bridge, lambda p: f"SEARCH: {q1}" if p.startswith(("plan:", "next:")) else "x")
+    assert never_done.stats["searches"] == 3  # bounded: the first search and at most 2 more
+
+    metrics = rollout_metrics([episode, never_done])
+    for key in ("episode/em", "episode/f1", "episode/searches", "role/searcher/calls", "role/planner/prompt_tokens",
+                "role/updater/output_tokens", "role/answerer/advantage_mean", "role/summarizer/samples",
+                "role/searcher/format_ok"):
+        assert key in metrics, key
+    assert metrics["episode/searches"] == 2.5 and metrics["role/searcher/calls"] == 2.5
+
+
+def test_parallel_retrieval_calls_the_tool_once_per_sub_query(world):
+    workflow = GraphWorkflow(world, cell_free_workflow_cfg(), load_graph(GRAPH_DIR / "qd_retrieve_answer.yaml"))
+    compare = next(p for p in world.problems("val") if p.meta["kind"] == "compare")
+    seen = []
+
+    def script(prompt):
+        seen.append(prompt)
+        return "; ".join(compare.meta["queries"]) if prompt.startswith("split:") else compare.answer
+
+    episode = _episode(workflow, compare, script)
+    assert all(fact in seen[-1] for fact in compare.meta["facts"])  # the reader saw both sub-queries' passages
+    assert episode.grade.correct and episode.turns[0].role_correct
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (("topology=mask_search", "task=arith"), "searches passages"),
+    (("topology=reflective_code", "task=arith"), "use task code-synth or mbpp"),
+    (("topology=voting", "task=qa-synth"), "use topology single"),
+    (("topology=qd_retrieve_answer", "sharing=partial", "task=qa-synth"), "declares none"),
+    (("topology=eval_opt", "sharing=partial"), "declares none"),
+])
+def test_workflows_and_tasks_that_do_not_fit_are_one_clear_error(tmp_path, overrides, message):
+    result = subprocess.run(python_cmd() + [f"root={tmp_path}", *overrides], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_nq_search_needs_its_corpus(tmp_path):
+    fixture = REPO / "tests" / "fixtures" / "nq_sample.jsonl"
+    base = [f"root={tmp_path}", "topology=qd_retrieve_answer", "task=nq", "scale=qwen3-tok", f"data.path={fixture}"]
+    for extra, message in (((), "needs data.corpus="), (("data.corpus=/nowhere.jsonl",), "does not exist")):
+        result = subprocess.run(python_cmd() + base + list(extra), cwd=REPO, capture_output=True, text=True)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("topology,task,sharing", [
+    ("qd_retrieve_answer", "qa-synth", "ip"), ("qd_retrieve_evidence_answer", "qa-synth", "partial"),
+    ("mask_search", "qa-synth", "partial"), ("reflective_code", "code-synth", "sp"),
+])
+def test_each_workflow_trains_from_the_cli(tmp_path, topology, task, sharing):
+    result = subprocess.run(python_cmd() + [f"root={tmp_path}", f"topology={topology}", f"task={task}",
+                                            f"sharing={sharing}", "scale=tiny-s", "steps=3", "val_every=3",
+                                            "val_problems=8", "progress=false", "wandb.enabled=false", "cell_id=c"],
+                            cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "default" / "c" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "accuracy" in r] == [0, 1, 2]
+    cfg = cell(tmp_path, f"topology={topology}", f"task={task}", f"sharing={sharing}")
+    from harness.workflows import build_workflow
+
+    roles = [r.name for r in build_workflow(cfg).roles()]
+    for role in roles:
+        for name in ("reward", "advantage_mean", "samples", "prompt_tokens", "output_tokens", "calls", "format_ok"):
+            assert f"role/{role}/{name}" in rows[-1], (role, name)
+    episode_key = "episode/rounds" if topology == "reflective_code" else "episode/f1"
+    assert episode_key in rows[-1] and f"val/{episode_key}" in rows[-1]
+    if topology == "reflective_code":
+        assert all(1 <= r["episode/rounds"] <= 3 for r in rows if "episode/rounds" in r)
+
+
+def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_analysis_reports import find_chromium
+    from tests.test_grid_slurm import launch
+
+    started = subprocess.run(["bash", "slurm/local-cluster.sh", "start"], cwd=REPO, capture_output=True, text=True,
+                             timeout=600)
+    assert started.returncode == 0, started.stdout + started.stderr
+    result = launch(tmp_path, "sweep=unitymas", "sweep.axes.scale=[tiny-s]", "sweep.axes.sharing=[sp]",
+                    "sweep.cell.steps=3", "sweep.cell.val_every=3", "sweep.cell.val_problems=8", "wait=true",
+                    timeout=1800)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "submitted 6 cells to SLURM" in result.stdout and "summary: 6 finished" in result.stdout, result.stdout
+    report = tmp_path / "unitymas" / "report" / "index.html"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=find_chromium(), args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.goto(report.as_uri())
+        text = page.inner_text("body")
+        browser.close()
+    section = text.split("Workflows: task metric and rounds")[1].split("Failure modes")[0]
+    for topology in ("qd_retrieve_answer", "qd_retrieve_evidence_answer", "mask_search", "reflective_code"):
+        assert f"{topology}-sp-" in section, topology
+    assert "EM first 20" in section and "F1 first 20" in section and "rounds first 20" in section
+    assert "all passed first 20" in section

@@ -128,7 +128,8 @@ class AlgoConfig:
     adv_estimator: str = "grpo"  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)
     gae_gamma: float = 1.0  # GAE's discount over an episode's turns (verl's default 1.0)
     gae_lambda: float = 1.0  # GAE's lambda (verl's default 1.0)
-    critic_lr: float = 1e-3  # the value heads' Adam
+    critic_lr: float = 1e-3  # the value heads' Adam (engine=local: a linear head on the policy's features)
+    verl_critic_lr: float = 1e-4  # engine=verl: verl's critic, the whole base model with a value head
     critic_steps: int = 4  # value-loss steps per training step
     value_clip: float = 0.5  # verl's cliprange_value
     micro_batch_size: int = 64

@@ -53,11 +53,12 @@ class Controller:
         self.train_problems = task.problems("train")
         self.val_problems = task.problems("val")[: cfg.val_problems]
         self.critic = None
-        if cfg.algo.adv_estimator == "gae":
-            from harness.algo.critic import TurnCritic
+        if cfg.algo.adv_estimator == "gae":  # engine=verl: verl's critic worker groups; local: value heads
+            from harness.algo.critic import FeatureCritic, TurnCritic
 
-            self.critic = TurnCritic({p: engine.hidden_size(p) for p in policy_map.policies}, cfg.algo.critic_lr,
-                                     cfg.algo.value_clip, cfg.algo.critic_steps, cfg.seed)
+            self.critic = getattr(engine, "critic", None) or FeatureCritic(engine, TurnCritic(
+                {p: engine.hidden_size(p) for p in policy_map.policies}, cfg.algo.critic_lr, cfg.algo.value_clip,
+                cfg.algo.critic_steps, cfg.seed), cfg.algo.micro_batch_size)
 
     def save(self, directory) -> None:
         """What a checkpoint needs beyond the engine's weights: the critic, when there is one."""
@@ -122,19 +123,15 @@ class Controller:
 
     def _gae_advantages(self, episodes: List[Episode]) -> dict:
         """Each turn's value from its policy's critic, GAE over every episode's turns, whitened over
-        the step; returns what the critic update needs (features, old values, returns per turn)."""
+        the step; returns what the critic update needs (old values, returns per turn)."""
         from harness.algo.critic import turn_gae, whiten
 
         turns = [t for e in episodes for t in e.turns]
-        features, values = {}, {}
+        values = {}
         for policy in sorted({t.policy for t in turns}):
             mine = [t for t in turns if t.policy == policy]
-            size = self.cfg.algo.micro_batch_size
-            chunks = [self.engine.prompt_features(policy, [t.prompt_ids for t in mine[i: i + size]])
-                      for i in range(0, len(mine), size)]
-            feats = torch.cat(chunks)
-            for turn, row, value in zip(mine, feats, self.critic.values(policy, feats).tolist()):
-                features[id(turn)], values[id(turn)] = row, value
+            for turn, value in zip(mine, self.critic.values(policy, mine)):
+                values[id(turn)] = float(value)
         advantages, returns = {}, {}
         for episode in episodes:
             adv, ret = turn_gae([t.reward for t in episode.turns], [values[id(t)] for t in episode.turns],
@@ -143,7 +140,7 @@ class Controller:
                 advantages[id(turn)], returns[id(turn)] = a, r
         for turn, a in zip(turns, whiten([advantages[id(t)] for t in turns])):
             turn.advantage = a
-        return {"turns": turns, "features": features, "values": values, "returns": returns, "raw": advantages}
+        return {"turns": turns, "values": values, "returns": returns, "raw": advantages}
 
     def _critic_update(self, batch: dict) -> Dict[str, float]:
         """Value-loss steps per policy; per role: mean value, raw advantage, value loss, explained variance."""
@@ -152,10 +149,9 @@ class Controller:
         turns, metrics = batch["turns"], {}
         for policy in sorted({t.policy for t in turns}):
             mine = [t for t in turns if t.policy == policy]
-            feats = torch.stack([batch["features"][id(t)] for t in mine])
-            old = torch.tensor([batch["values"][id(t)] for t in mine])
-            target = torch.tensor([batch["returns"][id(t)] for t in mine])
-            for key, value in self.critic.update(policy, feats, target, old).items():
+            old = [batch["values"][id(t)] for t in mine]
+            target = [batch["returns"][id(t)] for t in mine]
+            for key, value in self.critic.update(policy, mine, target, old).items():
                 metrics[f"policy/{policy}/{key}"] = value
         for role in sorted({t.role for t in turns}):
             mine = [t for t in turns if t.role == role]

@@ -274,15 +274,14 @@ def validate(cfg: CellConfig) -> None:
     _choose("outcome share mode (reward.outcome_share_mode)", cfg.reward.outcome_share_mode, OUTCOME_SHARE_MODES)
     _choose("advantage estimator (algo.adv_estimator)", cfg.algo.adv_estimator, ADV_ESTIMATORS)
     if cfg.algo.adv_estimator == "gae":
-        if cfg.engine != "local":
-            raise ConfigError("algo.adv_estimator=gae runs on engine=local (the verl engine's critic worker group "
-                              "is not built yet)")
         for name in ("gae_gamma", "gae_lambda"):
             value = getattr(cfg.algo, name)
             if not (math.isfinite(value) and 0 <= value <= 1):
                 raise ConfigError(f"algo.{name} must be in [0, 1], got {value}")
-        if not (cfg.algo.critic_lr > 0 and cfg.algo.critic_steps >= 1 and cfg.algo.value_clip > 0):
-            raise ConfigError("algo.critic_lr and algo.value_clip must be > 0 and algo.critic_steps >= 1")
+        if not (cfg.algo.critic_lr > 0 and cfg.algo.verl_critic_lr > 0 and cfg.algo.critic_steps >= 1
+                and cfg.algo.value_clip > 0):
+            raise ConfigError("algo.critic_lr, algo.verl_critic_lr and algo.value_clip must be > 0 and "
+                              "algo.critic_steps >= 1")
     if not (math.isfinite(cfg.reward.gamma) and 0 < cfg.reward.gamma <= 1):
         raise ConfigError(f"reward.gamma must be in (0, 1], got {cfg.reward.gamma}")
     if cfg.reward.allocator:

@@ -58,6 +58,34 @@ def explained_variance(returns: Sequence[float], values: Sequence[float]) -> flo
     return float(1 - (r - v).var() / r.var())
 
 
+class FeatureCritic:
+    """The controller's view of engine=local's critics: a TurnCritic on the features the engine
+    gives (the last prompt token's final hidden state of the policy's own model, detached)."""
+
+    def __init__(self, engine, critic: "TurnCritic", micro_batch: int):
+        self.engine, self.critic, self.micro_batch = engine, critic, micro_batch
+        self._features: Dict[int, torch.Tensor] = {}
+
+    def values(self, policy: str, turns) -> List[float]:
+        turns = list(turns)
+        size = self.micro_batch
+        feats = torch.cat([self.engine.prompt_features(policy, [t.prompt_ids for t in turns[i: i + size]])
+                           for i in range(0, len(turns), size)])
+        for turn, row in zip(turns, feats):
+            self._features[id(turn)] = row
+        return self.critic.values(policy, feats).tolist()
+
+    def update(self, policy: str, turns, returns: Sequence[float], old: Sequence[float]) -> Dict[str, float]:
+        feats = torch.stack([self._features.pop(id(t)) for t in turns])
+        return self.critic.update(policy, feats, torch.tensor(list(returns)), torch.tensor(list(old)))
+
+    def save(self, directory: Path) -> None:
+        self.critic.save(directory)
+
+    def load(self, directory: Path) -> None:
+        self.critic.load(directory)
+
+
 class TurnCritic:
     """One value head per policy (model instance, each with its own hidden size), each with its own Adam."""
 
@@ -80,15 +108,16 @@ class TurnCritic:
     def update(self, policy: str, features: torch.Tensor, returns: torch.Tensor, old: torch.Tensor) -> Dict[str, float]:
         """`steps` Adam steps of the clipped value loss on this step's turns of the policy."""
         head, optimizer = self.heads[policy], self.optimizers[policy]
-        first = None
+        first = last = None
         for _ in range(self.steps):
             loss, clipfrac = value_loss(head(features).squeeze(-1), returns, old, self.clip)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            last = float(loss.detach())
             if first is None:
-                first = (float(loss.detach()), clipfrac)
-        return {"value_loss": first[0], "value_clipfrac": first[1]}
+                first = (last, clipfrac)
+        return {"value_loss": first[0], "value_clipfrac": first[1], "value_loss_last": last}
 
     def save(self, directory: Path) -> None:
         """Heads and Adam state in safetensors, the optimizers' plain settings in JSON (as the engine's)."""

@@ -2,8 +2,9 @@
 
 Stock verl knows nvidia/huawei/amd and falls back to "cuda" when none is found, so it cannot
 train on a CPU. This module registers a "cpu" platform (device cpu, backend gloo) and makes
-verl's FSDP engine available for it; `VERL_PLATFORM=cpu` selects it. verl itself is not
-patched: everything goes through its registries.
+verl's FSDP engines (actor and critic) available for it; `VERL_PLATFORM=cpu` selects it.
+verl itself is not patched but in one place: its critic loader hard-codes flash-attention
+(a GPU kernel), so on this platform it loads the critic with SDPA instead.
 """
 from __future__ import annotations
 
@@ -119,3 +120,24 @@ from verl.workers.engine.base import EngineRegistry  # noqa: E402
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # noqa: E402
 
 EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithLMHead)
+
+# The critic (algo.adv_estimator=gae): verl's value-head engine, registered for cuda and npu only,
+# is the same FSDP engine with the value head's output; it too trains fp32 on a CPU.
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithValueHead  # noqa: E402
+
+EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithValueHead)
+
+
+def _load_valuehead_model_sdpa(local_path, torch_dtype, model_config, trust_remote_code):
+    """verl's load_valuehead_model asks for flash_attention_2, which has no CPU kernel: the same
+    one-label token classifier with PyTorch's SDPA attention."""
+    from transformers import AutoModelForTokenClassification
+
+    return AutoModelForTokenClassification.from_pretrained(
+        pretrained_model_name_or_path=local_path, torch_dtype=torch_dtype, config=model_config,
+        attn_implementation="sdpa", trust_remote_code=trust_remote_code)
+
+
+import verl.utils.model as _verl_model  # noqa: E402
+
+_verl_model.load_valuehead_model = _load_valuehead_model_sdpa  # read at call time by the engine's model builder

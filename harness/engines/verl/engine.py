@@ -61,7 +61,8 @@ def logical_resources(cfg, n_policies: int) -> Tuple[int, int]:
     GPUs (one per FSDP rank; shared when colocated) and a CPU per colocated actor."""
     per_policy = cfg.verl.gpus_per_policy
     gpus = per_policy if cfg.verl.placement == "colocate" else per_policy * n_policies
-    return max(4, 2 * n_policies * per_policy), gpus
+    actors = 3 if cfg.algo.adv_estimator == "gae" else 2  # trainer, rollout server (+ critic)
+    return max(4, actors * n_policies * per_policy), gpus
 
 
 def start_ray(cfg, device: str, n_policies: int) -> None:
@@ -139,23 +140,40 @@ class VerlEngine:
         self.seed = seed
         per_policy = cfg.verl.gpus_per_policy
         tag = uuid.uuid4().hex[:8]  # Ray names (placement groups, actors) must be unique per cluster
+        gae = cfg.algo.adv_estimator == "gae"  # each policy also gets verl's critic, on the policy's GPUs
+        per_pool = 2 if gae else 1
         self.pools = []
         if cfg.verl.placement == "colocate":
-            self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=len(self.policies),
+            self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=per_pool * len(self.policies),
                                               name_prefix=f"cell_{tag}"))
-        self.groups, configs = {}, {}
+        self.groups, configs, critics = {}, {}, {}
         for policy in self.policies:
             if cfg.verl.placement == "split":
-                self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=1,
+                self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=per_pool,
                                                   name_prefix=f"{policy}_{tag}"))
             self.pools[-1].get_placement_groups(device_name=self.device)  # verl's default asks for "cuda"
             configs[policy] = training_worker_config(instance_cfg[policy], dirs[policy], adapters[policy], self.device)
             worker = RayClassWithInitArgs(ray.remote(PolicyWorker), config=configs[policy], harness=harness)
             self.groups[policy] = RayWorkerGroup(resource_pool=self.pools[-1], ray_cls_with_init=worker,
                                                  name_prefix=f"{policy}_{tag}")
+            if gae:
+                from harness.engines.verl.critic import CriticWorker, critic_worker_config
+
+                critic = RayClassWithInitArgs(ray.remote(CriticWorker), value_clip=cfg.algo.value_clip, seed=seed,
+                                              config=critic_worker_config(instance_cfg[policy], dirs[policy], self.device))
+                critics[policy] = RayWorkerGroup(resource_pool=self.pools[-1], ray_cls_with_init=critic,
+                                                 name_prefix=f"{policy}_critic_{tag}")
         for group in self.groups.values():
             group.reset()  # builds model, FSDP, optimizer, scheduler on every rank
             group.remember_initial()  # θ_0 for drift, before any checkpoint is loaded
+        for group in critics.values():
+            group.reset()
+        self.critic = None
+        if gae:
+            from harness.engines.verl.critic import VerlCritic
+
+            self.critic = VerlCritic(critics, {p: self.tokenizers[p].pad_token_id for p in self.policies},
+                                     cfg.algo.critic_steps)
         self.rollout = resolve_backend(cfg, self.device)
         self.replicas = {}
         for rank, (policy, group) in enumerate(self.groups.items()):
@@ -257,7 +275,8 @@ class VerlEngine:
         for replica in getattr(self, "replicas", {}).values():
             for server in replica.servers:
                 ray.kill(server)
-        for group in self.groups.values():
+        critics = list(self.critic.groups.values()) if getattr(self, "critic", None) is not None else []
+        for group in list(self.groups.values()) + critics:
             for worker in group.workers:
                 ray.kill(worker)
         for pool in self.pools:

@@ -77,10 +77,32 @@ def _complete(cfg: CellConfig) -> CellConfig:
     the default id, validation."""
     apply_mitigations(cfg)
     apply_prompt_set(cfg.workflow, cfg.scale, "code" if cfg.task in CODE_TASKS else "math")
+    apply_graph_rewards(cfg)
     if not cfg.cell_id:
         cfg.cell_id = default_cell_id(cfg)
     validate(cfg)
     return cfg
+
+
+def apply_graph_rewards(cfg: CellConfig) -> None:
+    """A workflow graph's own reward weights per role (`rewards:`, e.g. M-ASK's turn-level rewards
+    for its search and knowledge agents) under the cell's: reward.per_role.<role>.<term> set by the
+    cell wins, and cell.yaml records the result."""
+    if not is_graph_topology(cfg.topology):
+        return
+    from harness.workflows.graph import graph_source, load_graph
+
+    try:
+        source = graph_source(cfg.topology)
+        if isinstance(source, type):
+            return
+        defaults = load_graph(source).rewards
+    except ConfigError:
+        return  # validate() reports the graph's problem
+    per_role = {role: dict(terms) for role, terms in cfg.reward.per_role.items()}
+    for role, terms in defaults.items():
+        per_role[role] = {**terms, **per_role.get(role, {})}
+    cfg.reward.per_role = per_role
 
 
 @lru_cache(maxsize=None)

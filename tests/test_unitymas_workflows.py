@@ -192,22 +192,14 @@ def test_nq_search_needs_its_corpus(tmp_path):
         assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("topology,task,sharing", [
-    ("qd_retrieve_answer", "qa-synth", "ip"), ("qd_retrieve_evidence_answer", "qa-synth", "partial"),
-    ("mask_search", "qa-synth", "partial"), ("reflective_code", "code-synth", "sp"),
-])
-def test_each_workflow_trains_from_the_cli(tmp_path, topology, task, sharing):
-    result = subprocess.run(python_cmd() + [f"root={tmp_path}", f"topology={topology}", f"task={task}",
-                                            f"sharing={sharing}", "scale=tiny-s", "steps=3", "val_every=3",
-                                            "val_problems=8", "progress=false", "wandb.enabled=false", "cell_id=c"],
-                            cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "default" / "c" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "accuracy" in r] == [0, 1, 2]
-    cfg = cell(tmp_path, f"topology={topology}", f"task={task}", f"sharing={sharing}")
+def _check_run(run, topology, task, sharing, steps=3):
+    """A finished run's per-agent UnityMAS-O metrics, its task metric and its loop counts."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "accuracy" in r] == list(range(steps))
     from harness.workflows import build_workflow
 
-    roles = [r.name for r in build_workflow(cfg).roles()]
+    roles = [r.name for r in build_workflow(cell(run.parent, f"topology={topology}", f"task={task}",
+                                                 f"sharing={sharing}")).roles()]
     for role in roles:
         for name in ("reward", "advantage_mean", "samples", "prompt_tokens", "output_tokens", "calls", "format_ok"):
             assert f"role/{role}/{name}" in rows[-1], (role, name)
@@ -215,6 +207,20 @@ def test_each_workflow_trains_from_the_cli(tmp_path, topology, task, sharing):
     assert episode_key in rows[-1] and f"val/{episode_key}" in rows[-1]
     if topology == "reflective_code":
         assert all(1 <= r["episode/rounds"] <= 3 for r in rows if "episode/rounds" in r)
+    if topology == "mask_search":
+        assert all(1 <= r["episode/searches"] <= 3 for r in rows if "episode/searches" in r)
+
+
+# ip for all four runs in the SLURM sweep test below; these are the other sharing modes
+@pytest.mark.parametrize("topology,task,sharing", [("mask_search", "qa-synth", "partial"),
+                                                   ("reflective_code", "code-synth", "sp")])
+def test_workflows_train_from_the_cli(tmp_path, topology, task, sharing):
+    result = subprocess.run(python_cmd() + [f"root={tmp_path}", f"topology={topology}", f"task={task}",
+                                            f"sharing={sharing}", "scale=tiny-s", "steps=3", "val_every=3",
+                                            "val_problems=8", "progress=false", "wandb.enabled=false", "cell_id=c"],
+                            cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _check_run(tmp_path / "default" / "c", topology, task, sharing)
 
 
 def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tmp_path):
@@ -226,7 +232,7 @@ def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tm
     started = subprocess.run(["bash", "slurm/local-cluster.sh", "start"], cwd=REPO, capture_output=True, text=True,
                              timeout=600)
     assert started.returncode == 0, started.stdout + started.stderr
-    result = launch(tmp_path, "sweep=unitymas", "sweep.axes.scale=[tiny-s]", "sweep.axes.sharing=[sp]",
+    result = launch(tmp_path, "sweep=unitymas", "sweep.axes.scale=[tiny-s]", "sweep.axes.sharing=[ip]",
                     "sweep.cell.steps=3", "sweep.cell.val_every=3", "sweep.cell.val_problems=8", "wait=true",
                     timeout=1800)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -240,6 +246,20 @@ def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tm
         browser.close()
     section = text.split("Workflows: task metric and rounds")[1].split("Failure modes")[0]
     for topology in ("qd_retrieve_answer", "qd_retrieve_evidence_answer", "mask_search", "reflective_code"):
-        assert f"{topology}-sp-" in section, topology
+        assert f"{topology}-ip-" in section, topology
+        task, kind = ("code-synth", "verified_code") if topology == "reflective_code" else ("qa-synth", "search")
+        _check_run(tmp_path / "unitymas" / f"{topology}-ip-{kind}-tiny-s-s0", topology, task, "ip")
     assert "EM first 20" in section and "F1 first 20" in section and "rounds first 20" in section
     assert "all passed first 20" in section
+
+
+def test_a_graph_brings_its_reward_weights_and_the_cell_overrides_them(tmp_path):
+    cfg = cell(tmp_path, "topology=mask_search", "task=qa-synth", "+reward.per_role={summarizer:{node:0.2,turn:0.1}}")
+    assert cfg.reward.per_role["summarizer"] == {"node": 0.2, "turn": 0.1}  # the cell's win
+    assert cfg.reward.per_role["updater"] == {"node": 0.5} and "answerer" not in cfg.reward.per_role
+    from harness.config import ConfigError
+
+    with pytest.raises(ConfigError, match="rewards: judge must be a role"):
+        from harness.workflows.graph import parse_graph
+
+        parse_graph({"roles": {"a": {}}, "nodes": {"n": {"role": "a"}}, "final": "n", "rewards": {"judge": {"node": 1}}})

@@ -36,7 +36,8 @@ A graph may define its own templates under `prompts:` (name -> text with `{field
 prompt set under `prompt_sets: {qwen3: {...}}` (real models' wording over the tiny one). A role
 may say it needs at least `max_new_tokens`; `partial: {policy: [roles]}` is what `sharing=partial`
 means for the graph; `count: {metric: node}` logs how often a node ran per episode
-(`episode/<metric>`, e.g. a loop's rounds).
+(`episode/<metric>`, e.g. a loop's rounds); `rewards: {role: {node: 0.5}}` are the graph's default
+reward weights per role (a cell's reward.per_role wins).
 Inputs map a prompt field to `question`, `item`, `workflow.<field>` or `<node>.<field>`, the
 last with a default while the node has not run (`"update.text ?? none"`: a loop's first round); a node
 may `writes: <other node>` to replace that node's result (a revision replaces the draft); `prompt`
@@ -116,6 +117,7 @@ class GraphSpec:
     partial: Dict[str, List[str]] = field(default_factory=dict)  # sharing=partial: policy -> roles
     counts: Dict[str, str] = field(default_factory=dict)  # episode metric -> the node whose runs it counts
     prompt_sets: Dict[str, Dict[str, str]] = field(default_factory=dict)  # e.g. qwen3: templates for real models
+    rewards: Dict[str, Dict[str, float]] = field(default_factory=dict)  # role -> reward term weights (defaults)
 
 
 def read_graph(source) -> dict:
@@ -172,8 +174,15 @@ def parse_graph(data: dict) -> GraphSpec:
     partial = {str(k): [str(m) for m in v] for k, v in (data.get("partial") or {}).items()}
     counts = {str(k): str(v) for k, v in (data.get("count") or {}).items()}
     prompt_sets = {str(s): {str(k): str(v) for k, v in (t or {}).items()} for s, t in (data.get("prompt_sets") or {}).items()}
+    rewards = {}
+    for role, terms in (data.get("rewards") or {}).items():
+        unknown = sorted(set(terms or {}) - {"node", "turn", "traj", "length"})
+        if str(role) not in roles or unknown:
+            raise GraphError(f"rewards: {role} must be a role of the graph with terms node, turn, traj, length"
+                             + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+        rewards[str(role)] = {str(k): float(v) for k, v in (terms or {}).items()}
     spec = GraphSpec(str(data.get("name", "graph")), roles, nodes, edges, str(data["final"]), prompts, budgets,
-                     partial, counts, prompt_sets)
+                     partial, counts, prompt_sets, rewards)
     _check(spec)
     return spec
 

@@ -7,7 +7,7 @@ import torch
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_value_loss
 
 from harness.config import ConfigError
-from harness.algo.critic import explained_variance, turn_gae, value_loss, whiten
+from harness.algo.critic import explained_variance, turn_gae, value_loss, verl_gae, whiten
 from harness.logging import read_jsonl
 from harness.run import run_cell, run_dir_of
 from tests.conftest import cell
@@ -29,6 +29,9 @@ def test_turn_gae_matches_verls_compute_gae_advantage_return():
         flat = whiten([a for adv, _ in ours for a in adv])  # verl whitens over the batch's turns
         theirs = [float(verl_adv[i, t]) for i, (adv, _) in enumerate(ours) for t in range(len(adv))]
         assert max(abs(a - b) for a, b in zip(flat, theirs)) < 1e-6
+        trainer_adv, trainer_ret = verl_gae(episodes, gamma, lam)  # the trainer's call: the same numbers
+        assert max(abs(a - b) for a, b in zip([a for adv in trainer_adv for a in adv], flat)) < 1e-6
+        assert max(abs(a - b) for (_, ret), mine in zip(ours, trainer_ret) for a, b in zip(ret, mine)) < 1e-6
 
 
 def test_gae_by_hand_and_the_value_loss_is_verls():

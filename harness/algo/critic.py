@@ -35,6 +35,31 @@ def turn_gae(rewards: Sequence[float], values: Sequence[float], gamma: float, la
     return advantages, [a + v for a, v in zip(advantages, values)]
 
 
+def verl_gae(episodes: Sequence[Tuple[Sequence[float], Sequence[float]]], gamma: float,
+             lam: float) -> Tuple[List[List[float]], List[List[float]]]:
+    """verl's own `compute_gae_advantage_return` over a step's episodes, turns as its tokens (each
+    episode one row of (rewards, values), padded and masked): (whitened advantages, returns) per
+    episode. `turn_gae` + `whiten` compute the same (tested within 1e-6); this is the call the
+    trainer makes."""
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    width = max((len(r) for r, _ in episodes), default=0)
+    if width == 0:
+        return [[] for _ in episodes], [[] for _ in episodes]
+    rewards = torch.zeros((len(episodes), width), dtype=torch.float64)
+    values = torch.zeros_like(rewards)
+    mask = torch.zeros_like(rewards)
+    for row, (r, v) in enumerate(episodes):
+        rewards[row, : len(r)], values[row, : len(v)], mask[row, : len(r)] = torch.tensor(list(r), dtype=torch.float64), \
+            torch.tensor(list(v), dtype=torch.float64), 1.0
+    if int(mask.sum()) < 2:  # verl's whitening needs two turns; one turn has no spread: advantage 0
+        _, returns = compute_gae_advantage_return(rewards, values, mask, gamma, lam)
+        return [[0.0] * len(r) for r, _ in episodes], [returns[i, : len(r)].tolist() for i, (r, _) in enumerate(episodes)]
+    advantages, returns = compute_gae_advantage_return(rewards, values, mask, gamma, lam)
+    return ([advantages[i, : len(r)].tolist() for i, (r, _) in enumerate(episodes)],
+            [returns[i, : len(r)].tolist() for i, (r, _) in enumerate(episodes)])
+
+
 def whiten(values: Sequence[float], eps: float = 1e-8) -> List[float]:
     """(x - mean) / sqrt(var + eps) with the unbiased variance, as verl's masked_whiten."""
     x = torch.tensor(list(values), dtype=torch.float64)

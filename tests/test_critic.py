@@ -83,16 +83,16 @@ def test_gae_on_the_verl_engine_trains_verls_critic_and_resumes_exactly(tmp_path
               "val_every=100", "samples_every=0", "ckpt_every=2", "algo.problems_per_step=4", "algo.critic_steps=8",
               "algo.verl_critic_lr=1e-3")
     try:
-        straight = cell(tmp_path / "straight", *common, "steps=4")
+        straight = cell(tmp_path / "straight", *common, "steps=3")
         assert run_cell(straight, log=lambda *_: None) == "finished"
         first = cell(tmp_path / "resumed", *common, "steps=2")
         assert run_cell(first, log=lambda *_: None) == "finished"
-        continued = cell(tmp_path / "resumed", *common, "steps=4")  # from step 2's checkpoint, verl's critic included
+        continued = cell(tmp_path / "resumed", *common, "steps=3")  # from step 2's checkpoint, verl's critic included
         assert run_cell(continued, log=lambda *_: None) == "finished"
     finally:
         ray.shutdown()
     want, got = read_jsonl(run_dir_of(straight).file("metrics.jsonl")), read_jsonl(run_dir_of(continued).file("metrics.jsonl"))
-    assert [m["step"] for m in got] == list(range(4))
+    assert [m["step"] for m in got] == list(range(3))
     for a, b in zip(got, want):
         for key in ("role/generator/value", "role/evaluator/value", "policy/shared/value_loss", "reward/mean"):
             assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-7), (a["step"], key)

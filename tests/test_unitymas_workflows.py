@@ -211,12 +211,17 @@ def _check_run(run, topology, task, sharing, steps=3):
         assert all(1 <= r["episode/searches"] <= 3 for r in rows if "episode/searches" in r)
 
 
+# The mechanics, not the learning (the README's sweep measures that): a short warm-up, shared by the
+# CLI runs and the SLURM sweep's cells of the same task.
+WARMUP = "model.warmup_steps=300"
+
+
 # ip for all four runs in the SLURM sweep test below; these are the other sharing modes
 @pytest.mark.parametrize("topology,task,sharing", [("mask_search", "qa-synth", "partial"),
                                                    ("reflective_code", "code-synth", "sp")])
 def test_workflows_train_from_the_cli(tmp_path, topology, task, sharing):
     result = subprocess.run(python_cmd() + [f"root={tmp_path}", f"topology={topology}", f"task={task}",
-                                            f"sharing={sharing}", "scale=tiny-s", "steps=3", "val_every=3",
+                                            f"sharing={sharing}", "scale=tiny-s", "steps=3", "val_every=3", WARMUP,
                                             "val_problems=8", "progress=false", "wandb.enabled=false", "cell_id=c"],
                             cwd=REPO, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -233,7 +238,8 @@ def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tm
                              timeout=600)
     assert started.returncode == 0, started.stdout + started.stderr
     result = launch(tmp_path, "sweep=unitymas", "sweep.axes.scale=[tiny-s]", "sweep.axes.sharing=[ip]",
-                    "sweep.cell.steps=3", "sweep.cell.val_every=3", "sweep.cell.val_problems=8", "wait=true",
+                    "sweep.cell.steps=3", "sweep.cell.val_every=3", "sweep.cell.val_problems=8", f"+sweep.cell.{WARMUP}",
+                    "wait=true",
                     timeout=1800)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "submitted 6 cells to SLURM" in result.stdout and "summary: 6 finished" in result.stdout, result.stdout

@@ -397,9 +397,9 @@ def _check_workflow_task(cfg) -> None:
             raise ConfigError(f"topology {cfg.topology} with task {cfg.task} needs data.corpus=/path/to/passages.jsonl")
         if not Path(cfg.data.corpus).expanduser().is_file():
             raise ConfigError(f"data.corpus {cfg.data.corpus} does not exist")
-    if cfg.topology == "reflective_code" and cfg.task not in ("code-synth", "mbpp"):
+    if cfg.topology == "reflective_code" and cfg.task not in ("code-synth", "mbpp", "deepcoder"):
         raise ConfigError("topology reflective_code runs the coder's program on the examples the question shows: "
-                          "use task code-synth or mbpp")
+                          "use task code-synth, mbpp or deepcoder")
     if cfg.task == "qa-synth" and cfg.topology in ("eval_opt", "voting", "orch_workers"):
         raise ConfigError(f"task qa-synth's warm-up teaches the search roles, not {cfg.topology}'s: use topology single, "
                           f"{', '.join(SEARCH_WORKFLOWS)}")

@@ -173,7 +173,7 @@ def test_parallel_retrieval_calls_the_tool_once_per_sub_query(world):
 
 @pytest.mark.parametrize("overrides,message", [
     (("topology=mask_search", "task=arith"), "searches passages"),
-    (("topology=reflective_code", "task=arith"), "use task code-synth or mbpp"),
+    (("topology=reflective_code", "task=arith"), "use task code-synth, mbpp or deepcoder"),
     (("topology=voting", "task=qa-synth"), "use topology single"),
     (("topology=qd_retrieve_answer", "sharing=partial", "task=qa-synth"), "declares none"),
     (("topology=eval_opt", "sharing=partial"), "declares none"),
@@ -216,9 +216,8 @@ def _check_run(run, topology, task, sharing, steps=3):
 WARMUP = "model.warmup_steps=300"
 
 
-# ip for all four runs in the SLURM sweep test below; these are the other sharing modes
-@pytest.mark.parametrize("topology,task,sharing", [("mask_search", "qa-synth", "partial"),
-                                                   ("reflective_code", "code-synth", "sp")])
+# ip for all four runs in the SLURM sweep test below; partial here (D's loop bounds: the scripted test above)
+@pytest.mark.parametrize("topology,task,sharing", [("mask_search", "qa-synth", "partial")])
 def test_workflows_train_from_the_cli(tmp_path, topology, task, sharing):
     result = subprocess.run(python_cmd() + [f"root={tmp_path}", f"topology={topology}", f"task={task}",
                                             f"sharing={sharing}", "scale=tiny-s", "steps=3", "val_every=3", WARMUP,
@@ -269,3 +268,38 @@ def test_a_graph_brings_its_reward_weights_and_the_cell_overrides_them(tmp_path)
         from harness.workflows.graph import parse_graph
 
         parse_graph({"roles": {"a": {}}, "nodes": {"n": {"role": "a"}}, "final": "n", "rewards": {"judge": {"node": 1}}})
+
+
+def test_on_qwen3_scales_the_workflows_take_the_real_models_wording_on_hotpotqa(tmp_path):
+    """The GPU-cluster configuration, validated on the CPU: HotpotQA's format with a BM25 corpus, and
+    every graph's qwen3 prompts (the real models' wording) in place of the tiny ones."""
+    from harness.tasks import build_task
+    from harness.tasks.qa import search
+    from harness.workflows import build_workflow
+
+    fixtures = REPO / "tests" / "fixtures"
+    data = [f"data.path={fixtures / 'hotpotqa_sample.json'}", f"data.corpus={fixtures / 'passages_sample.jsonl'}",
+            "data.val_size=1"]
+    for topology, role, wording in (("mask_search", "searcher", "Decide the next step"),
+                                    ("qd_retrieve_evidence_answer", "extractor", "Copy the sentences"),
+                                    ("qd_retrieve_answer", "decomposer", "Break the question")):
+        cfg = cell(tmp_path, f"topology={topology}", "task=hotpotqa", "scale=qwen3-tok", "sharing=ip", *data)
+        templates = build_workflow(cfg).templates()
+        assert cfg.workflow.prompt_set == "qwen3" and templates[role].startswith(wording), topology
+    hits = search("Scott Derrickson nationality", build_task(cfg))  # BM25 over the corpus the cell names
+    assert hits.startswith("Scott Derrickson (born July 16, 1966) is an American director")
+
+
+def test_the_verifiers_tool_runs_the_shown_example_in_the_jail_and_the_grade_runs_all(code_task):
+    from harness.tasks.code import run_shown
+    from tests.test_study_data import FIXTURES, everything, task_for
+
+    deepcoder = task_for("deepcoder", FIXTURES / "deepcoder_sample.jsonl")
+    for row in (json.loads(line) for line in (FIXTURES / "deepcoder_sample.jsonl").read_text().splitlines()):
+        problem = next(p for p in everything(deepcoder) if p.question.startswith(row["problem"]))
+        assert deepcoder.shown_checks(problem).startswith(f"_CASES = {problem.meta['cases'][:1]!r}")
+        assert run_shown(f"```python\n{row['solution']}```", problem, deepcoder) == "pass"
+        assert run_shown("?", problem, deepcoder) == "none"
+    problem = code_task.problems("val")[0]
+    assert run_shown(problem.answer, problem, code_task) == "pass"
+    assert run_shown(code_task.wrong_answer(problem, random.Random(1)), problem, code_task) == "fail"

@@ -251,9 +251,14 @@ class DeepCoderTask(CodeTask):
             return _STDIO_RUNNER.format(source=code)
         return code + _CALL_RUNNER
 
-    def checks(self, problem: Problem) -> str:
+    def checks(self, problem: Problem, cases=None) -> str:
         body = _STDIO_CHECKS if problem.meta["kind"] == "stdio" else _CALL_CHECKS
-        return f"_CASES = {problem.meta['cases']!r}\n_NAME = {problem.meta['fn']!r}\n" + body.replace("{{", "{").replace("}}", "}")
+        cases = problem.meta["cases"] if cases is None else cases
+        return f"_CASES = {cases!r}\n_NAME = {problem.meta['fn']!r}\n" + body.replace("{{", "{").replace("}}", "}")
+
+    def shown_checks(self, problem: Problem) -> str:
+        """The first case only (what workflow D's verifier may run; grading runs them all)."""
+        return self.checks(problem, problem.meta["cases"][:1])
 
 
 class CodeSynthTask(CodeTask, WarmupSupport):
@@ -358,8 +363,8 @@ def _apply_rule(rule: str, x: int) -> int:
 
 def run_shown(code: str, problem: Problem, task: CodeTask) -> str:
     """Workflow D's tool: the coder's program on the examples the question shows (code-synth's two,
-    MBPP's first test), in the sandbox's jail; 'pass', 'fail', or 'none' (no code). The hidden
-    tests stay with the grader."""
+    MBPP's first test, DeepCoder's first case), in the sandbox's jail; 'pass', 'fail', or 'none'
+    (no code). The other tests stay with the grader."""
     code = extract_code(code) if code and code != "?" else None
     if code is None:
         return "none"

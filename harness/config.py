@@ -137,6 +137,9 @@ class AlgoConfig:
     shared_prompt_forward: bool = True  # local engine: each distinct prompt runs once in the update (exact)
 
 
+REWARD_TERMS = ("node", "turn", "traj", "length")  # RewardConfig's weights, by name
+
+
 @dataclass
 class RewardConfig:
     """r = node*r_node + turn*r_turn + traj*r_traj per turn; per_role overrides by role name."""

@@ -18,10 +18,8 @@ from collections import Counter
 from functools import lru_cache
 from typing import Callable, Dict, List
 
-from harness.config import RewardConfig
+from harness.config import REWARD_TERMS as TERMS, RewardConfig
 from harness.workflows import Episode
-
-TERMS = ("node", "turn", "traj", "length")
 
 
 def weights_for(cfg: RewardConfig, role: str) -> Dict[str, float]:

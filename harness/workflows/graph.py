@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from harness.config import ConfigError
+from harness.config import REWARD_TERMS, ConfigError
 from harness.workflows.base import Agents, Episode, RoleSpec, Turn, Workflow
 from harness.workflows.contracts import ACCEPT
 
@@ -176,9 +176,9 @@ def parse_graph(data: dict) -> GraphSpec:
     prompt_sets = {str(s): {str(k): str(v) for k, v in (t or {}).items()} for s, t in (data.get("prompt_sets") or {}).items()}
     rewards = {}
     for role, terms in (data.get("rewards") or {}).items():
-        unknown = sorted(set(terms or {}) - {"node", "turn", "traj", "length"})
+        unknown = sorted(set(terms or {}) - set(REWARD_TERMS))
         if str(role) not in roles or unknown:
-            raise GraphError(f"rewards: {role} must be a role of the graph with terms node, turn, traj, length"
+            raise GraphError(f"rewards: {role} must be a role of the graph with terms {', '.join(REWARD_TERMS)}"
                              + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
         rewards[str(role)] = {str(k): float(v) for k, v in (terms or {}).items()}
     spec = GraphSpec(str(data.get("name", "graph")), roles, nodes, edges, str(data["final"]), prompts, budgets,

@@ -12,7 +12,6 @@ the turn's return R_t and its old value V_old(s_t) there.
 """
 from __future__ import annotations
 
-import os
 from functools import partial
 from pathlib import Path
 from typing import Dict, List, Sequence
@@ -21,11 +20,10 @@ import torch
 import torch.distributed as dist
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils import tensordict_utils as tu
-from verl.utils.device import get_device_name
-from verl.workers.engine_workers import TrainingWorker
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
 from harness.engines.verl.batch import shard_rows
+from harness.engines.verl.worker import HarnessWorker
 
 
 def critic_worker_config(cfg, model_dir: Path, device: str):
@@ -47,14 +45,11 @@ def critic_worker_config(cfg, model_dir: Path, device: str):
                                 optimizer_config=optim, checkpoint_config=CheckpointConfig())
 
 
-class CriticWorker(TrainingWorker):
+class CriticWorker(HarnessWorker):
     def __init__(self, config, value_clip: float, seed: int):
         from verl.workers.config import CriticConfig
         from verl.workers.utils.losses import value_loss
 
-        if get_device_name() == "cpu" and not dist.is_initialized():
-            dist.init_process_group("gloo", rank=int(os.environ.get("RANK", 0)),
-                                    world_size=int(os.environ.get("WORLD_SIZE", 1)))
         super().__init__(config)
         # verl's CriticConfig only for what value_loss reads: the clip range and token-mean aggregation
         critic = CriticConfig(strategy="fsdp2", ppo_micro_batch_size_per_gpu=1, cliprange_value=value_clip,
@@ -81,11 +76,8 @@ class CriticWorker(TrainingWorker):
         data = left_right_2_no_padding(mine)
         tu.assign_non_tensor(data, temperature=1.0, calculate_entropy=False, use_remove_padding=True,
                              use_dynamic_bsz=False, max_token_len_per_gpu=None,
-                             micro_batch_size_per_gpu=max(1, min(self.engine_config.micro_batch_size_per_gpu or 1,
-                                                                 data.batch_size[0])),
+                             micro_batch_size_per_gpu=self._micro_batch_size(data.batch_size[0]),
                              use_fused_kernels=False, dp_size=world, batch_num_tokens=tokens, global_batch_size=None)
-        while data.batch_size[0] % tu.get(data, "micro_batch_size_per_gpu"):
-            tu.assign_non_tensor(data, micro_batch_size_per_gpu=tu.get(data, "micro_batch_size_per_gpu") - 1)
         return data, rank, world
 
     def _values(self, data) -> torch.Tensor:
@@ -134,15 +126,6 @@ class CriticWorker(TrainingWorker):
                 first = first or {"value_loss": last, "value_clipfrac": _mean(metrics.get("critic/vf_clipfrac"))}
         self.engine.lr_scheduler_step()
         return {**(first or {}), "value_loss_last": last}
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save(self, path: str) -> None:
-        self.engine.save_checkpoint(path, None, 0, None)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load(self, path: str) -> None:
-        self.engine.load_checkpoint(path, None, False)
-
 
 def _mean(value) -> float:
     """A metric as verl's loss returns it (a Metric, a tensor, a float or a list of them)."""

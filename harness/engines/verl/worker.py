@@ -38,12 +38,35 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-class PolicyWorker(TrainingWorker):
-    def __init__(self, config, harness: dict):
+class HarnessWorker(TrainingWorker):
+    """What the harness's verl workers (policy and critic) share: the process group on a CPU, the
+    micro-batch size that divides a batch's rows, and checkpoints."""
+
+    def __init__(self, config):
         if get_device_name() == "cpu" and not dist.is_initialized():
             # verl asks for "cpu:gloo,<device>:<backend>", which torch rejects when both are cpu
             dist.init_process_group("gloo", rank=int(os.environ.get("RANK", 0)),
                                     world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        super().__init__(config)
+
+    def _micro_batch_size(self, rows: int) -> int:
+        """Fixed-size micro-batches must divide the rows: the largest size up to the configured one that does."""
+        size = max(1, min(self.engine_config.micro_batch_size_per_gpu or 1, rows))
+        while rows % size:
+            size -= 1
+        return size
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save(self, path: str) -> None:
+        self.engine.save_checkpoint(path, None, 0, None)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load(self, path: str) -> None:
+        self.engine.load_checkpoint(path, None, False)
+
+
+class PolicyWorker(HarnessWorker):
+    def __init__(self, config, harness: dict):
         super().__init__(config)
         self.harness = harness
         self.loss_fn = self._loss
@@ -67,10 +90,7 @@ class PolicyWorker(TrainingWorker):
 
     def _prepare(self, batch, rank: int, world: int):
         data = left_right_2_no_padding(shard_rows(batch, rank, world))
-        # fixed-size micro-batches must divide the role instance's rows: the largest size that does
-        rows, size = data.batch_size[0], max(1, min(self.engine_config.micro_batch_size_per_gpu or 1, data.batch_size[0]))
-        while rows % size:
-            size -= 1
+        size = self._micro_batch_size(data.batch_size[0])  # per role instance's rows
         tu.assign_non_tensor(
             data, temperature=1.0, calculate_entropy=True, global_batch_size=None,
             use_remove_padding=self.model_config.get("use_remove_padding", True),
@@ -250,11 +270,3 @@ class PolicyWorker(TrainingWorker):
         module = getattr(self.engine.module, "_fsdp_wrapped_module", self.engine.module)
         return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().float().cpu()
                 for k, v in get_peft_model_state_dict(module).items()}
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save(self, path: str) -> None:
-        self.engine.save_checkpoint(path, None, 0, None)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load(self, path: str) -> None:
-        self.engine.load_checkpoint(path, None, False)

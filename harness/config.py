@@ -123,6 +123,7 @@ class AlgoConfig:
     norm_adv_by_std: bool = True
     adv_norm: str = "group"  # group: GRPO's std over the group; agent: the role's std over the batch (Dr. MAS)
     role_count_scaling: bool = False  # n same-type instances on a policy: mini-batches n x as large
+    coherence_reg: float = 0.0  # λ > 0: each step's lr / (1 + λ(coherence - 1)) of same-type instances (algo/coherence.py)
     kl_coef: float = 0.0  # > 0: KL to the base model (adapter disabled)
     kl_coef_per_role: Dict[str, float] = field(default_factory=dict)  # a role's own beta (else kl_coef)
     adv_estimator: str = "grpo"  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)

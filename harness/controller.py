@@ -206,6 +206,8 @@ def update_metrics(update) -> Dict[str, float]:
         metrics[f"policy/{policy}/update_ratio"] = value / max(update.policy_param_norm[policy], 1e-12)
     for policy, steps in update.minibatches.items():  # the first step is on-policy; later ones may clip
         metrics[f"policy/{policy}/clipfrac_first"] = steps[0]["clipfrac"]
+        if "lr_scale" in steps[0]:  # algo.coherence_reg: the mean learning-rate factor of the steps
+            metrics[f"policy/{policy}/lr_scale"] = sum(s["lr_scale"] for s in steps) / len(steps)
         later = steps[1:]
         if later:
             metrics[f"policy/{policy}/clipfrac_later"] = (sum(s["clipfrac"] * s["tokens"] for s in later)

@@ -6,12 +6,11 @@ Each name sets the knobs that implement it (they can also be set directly):
 | mitigation | against | knobs | what the update does |
 | --- | --- | --- | --- |
 | `role_count_scaling` | amplification (IP) | `algo.role_count_scaling=true` | a policy trained by n same-type instances (3 voters) cuts its rows into mini-batches of n x `ppo_mini_batch_size` problems, so it takes the optimizer steps one instance would (each on all n instances' rows). A loss weight of 1/n would not do it: Adam divides the scale out, so the step count is what moves the adapter |
+| `coherence_reg` | amplification (IP) | `algo.coherence_reg=1.0` (λ, if 0) | each optimizer step's lr is divided by the design effect d = max(1, 1 + λ(c − 1)) of the step's same-type instances, c = ‖Σg_i‖²/Σ‖g_i‖² (1 orthogonal, n aligned): the coherent part of n instances' push counts once (harness/algo/coherence.py) |
 | `kl_anchor` | amplification, capture | `algo.kl_coef=0.05` (if 0), per role `algo.kl_coef_per_role.<role>` | loss += β_role · KL(π_θ ‖ π_base) per token (verl's low-variance estimator), the base being the adapter switched off |
 | `role_balanced` | capture (SP) | `algo.loss_agg=role-balanced` | L = (1/|R|) Σ_r token-mean over role r's tokens, so a role's weight no longer grows with its tokens |
 | `agent_norm` | capture (SP) | `algo.adv_norm=agent` | A = (s − mean of the group's scores of that role) / std of the role's scores over the whole batch (Dr. MAS), instead of the group's own std |
 | `length_penalty` | capture (SP) | `reward.per_role.<role>.length=-0.05` for the short-contract roles (aggregator, evaluator, orchestrator) unless set | r_turn −= 0.05 per response token of a role whose contract is a verdict, an index or a plan |
-
-`coherence_reg` (penalise the coherent part of same-type gradients) is not built yet.
 """
 from __future__ import annotations
 
@@ -20,12 +19,18 @@ from typing import Callable, Dict, List
 from harness.config import CellConfig, ConfigError
 
 KL_ANCHOR_BETA = 0.05
+COHERENCE_REG = 1.0
 LENGTH_PENALTY = -0.05
 SHORT_CONTRACT_ROLES = ("aggregator", "evaluator", "orchestrator")
 
 
 def _role_count_scaling(cfg: CellConfig) -> None:
     cfg.algo.role_count_scaling = True
+
+
+def _coherence_reg(cfg: CellConfig) -> None:
+    if cfg.algo.coherence_reg <= 0:
+        cfg.algo.coherence_reg = COHERENCE_REG
 
 
 def _kl_anchor(cfg: CellConfig) -> None:
@@ -51,6 +56,7 @@ def _length_penalty(cfg: CellConfig) -> None:
 MITIGATIONS: Dict[str, Callable[[CellConfig], None]] = {
     "none": lambda cfg: None,
     "role_count_scaling": _role_count_scaling,
+    "coherence_reg": _coherence_reg,
     "kl_anchor": _kl_anchor,
     "role_balanced": _role_balanced,
     "agent_norm": _agent_norm,

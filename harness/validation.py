@@ -180,7 +180,8 @@ def _check_numbers(cfg: CellConfig) -> None:
     positive = {"algo.lr": cfg.algo.lr, "algo.max_grad_norm": cfg.algo.max_grad_norm,
                 "algo.temperature": cfg.algo.temperature, "sandbox.wall_s": cfg.sandbox.wall_s,
                 "model.lora_alpha": cfg.model.lora_alpha}
-    non_negative = {"algo.kl_coef": cfg.algo.kl_coef, "algo.weight_decay": cfg.algo.weight_decay, "seed": cfg.seed,
+    non_negative = {"algo.kl_coef": cfg.algo.kl_coef, "algo.coherence_reg": cfg.algo.coherence_reg,
+                    "algo.weight_decay": cfg.algo.weight_decay, "seed": cfg.seed,
                     **{f"reward.{t}": getattr(cfg.reward, t) for t in ("node", "turn", "traj", "length")}}
     for name, value in positive.items():
         if not (math.isfinite(value) and value > 0):

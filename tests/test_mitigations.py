@@ -7,9 +7,12 @@ from collections import defaultdict
 import pytest
 import torch
 
+from harness.algo.coherence import design_effect
 from harness.algo.grpo import assign_advantages
 from harness.config import CellConfig, ConfigError, kl_beta
 from harness.engines.base import update_plan
+from harness.instrument.gradients import gradient_metrics
+from harness.instrument.probe import GradientProbe
 from harness.logging import read_jsonl
 from harness.mitigations import MITIGATIONS, apply_mitigations
 from harness.rewards import assign_rewards
@@ -18,7 +21,7 @@ from harness.tasks import Grade, Problem
 from harness.validation import config_from_dict
 from harness.workflows import Episode, Turn
 from tests.conftest import REPO, cell, python_cmd
-from tests.test_probe import _setup
+from tests.test_probe import _setup, spread_advantages
 
 
 def _turn(role, instance, reward=0.0, n_tokens=2):
@@ -41,6 +44,51 @@ def test_role_count_scaling_gives_three_voters_the_steps_of_one():
     assert len(scaled["voter"]) == 4 and len(scaled["aggregator"]) == 4
     assert [len(b.turns) for b in scaled["voter"]] == [24] * 4
     assert sorted(id(t) for b in scaled["voter"] for t in b.turns) == sorted(id(t) for t in turns if t.role == "voter")
+
+
+def _gram(*vectors):
+    matrix = torch.tensor(vectors, dtype=torch.float64)
+    return matrix @ matrix.T
+
+
+def test_design_effect_counts_aligned_instances_once_and_leaves_orthogonal_ones_alone():
+    voters = [("voter", 0), ("voter", 1), ("voter", 2)]
+    aligned, orthogonal = _gram([1, 2], [2, 4], [0.5, 1]), _gram([1, 0, 0], [0, 3, 0], [0, 0, 2])
+    assert design_effect(voters, aligned, 1.0) == pytest.approx(3.5 ** 2 / (1 + 4 + 0.25) * 1.0, rel=1e-12)
+    assert design_effect(voters, _gram([1, 1], [1, 1], [1, 1]), 1.0) == pytest.approx(3.0)  # n aligned: n
+    assert design_effect(voters, _gram([1, 1], [1, 1], [1, 1]), 0.5) == pytest.approx(2.0)  # 1 + λ(n - 1)
+    assert design_effect(voters, orthogonal, 1.0) == pytest.approx(1.0)
+    assert design_effect(voters, _gram([1, 0], [-1, 0], [0, 1]), 1.0) == 1.0  # cancelling: never sped up
+    assert design_effect(voters, aligned, 0.0) == 1.0  # off
+    # a zero gradient (all-zero advantages) adds nothing; one instance per role is never penalised
+    assert design_effect(voters, _gram([1, 1], [1, 1], [0, 0]), 1.0) == pytest.approx(2.0)
+    assert design_effect([("voter", 0), ("aggregator", 0)], _gram([1, 1], [1, 1]), 1.0) == 1.0
+    # a shared policy: the most redundant role sets the step (voters aligned, generator alone)
+    slots = voters + [("aggregator", 0)]
+    assert design_effect(slots, _gram([1, 0], [1, 0], [1, 0], [1, 0]), 1.0) == pytest.approx(3.0)
+
+
+def test_coherence_reg_divides_each_step_of_the_voter_adapter_by_its_instances_coherence(tmp_path, warm_model_dir):
+    """The same batch from the same weights, with and without `coherence_reg`: every optimizer step
+    of the voter adapter is the plain step times 1/coherence of its voters' gradients in that step
+    (Adam's first step is a function of the gradient's direction, so only the lr scales it); the
+    aggregator, one instance, is untouched. (Both with role_count_scaling, so that each adapter takes one
+    step on all its rows and the two compose.)"""
+    overrides = ("topology=voting", "sharing=ip", "algo.ppo_mini_batch_size=8")
+    results = {}
+    for name in ("role_count_scaling", "role_count_scaling+coherence_reg"):
+        cfg, engine, turns = _setup(tmp_path / name, warm_model_dir, *overrides, f"mitigation={name}")
+        spread_advantages(turns)
+        probe = GradientProbe()
+        results[name] = (engine.update(turns, probe, step=0), gradient_metrics(probe))
+    (plain, plain_grads), (reg, reg_grads) = results["role_count_scaling"], results["role_count_scaling+coherence_reg"]
+    assert plain.optimizer_steps == reg.optimizer_steps == {"voter": 1, "aggregator": 1}
+    coherence = reg_grads["role/voter/coherence"]
+    assert coherence == pytest.approx(plain_grads["role/voter/coherence"]) and coherence > 1.05
+    assert reg.minibatches["voter"][0]["lr_scale"] == pytest.approx(1.0 / coherence, rel=1e-9)
+    assert reg.minibatches["aggregator"][0]["lr_scale"] == 1.0 and "lr_scale" not in plain.minibatches["voter"][0]
+    assert reg.policy_update_norm["voter"] == pytest.approx(plain.policy_update_norm["voter"] / coherence, rel=1e-5)
+    assert reg.policy_update_norm["aggregator"] == pytest.approx(plain.policy_update_norm["aggregator"], rel=1e-6)
 
 
 def _named(cfg, name):
@@ -88,8 +136,8 @@ def test_role_balanced_and_kl_anchor_set_their_knobs_and_names_compose():
     assert cfg.algo.loss_agg == "role-balanced" and cfg.algo.kl_coef == 0.05
     assert kl_beta(cfg.algo, "voter") == 0.2 and kl_beta(cfg.algo, "aggregator") == 0.05
     assert cfg.cell_id == "voting-sp-arith-tiny-m-s0-mitigation=role_balanced+kl_anchor"
-    assert set(MITIGATIONS) == {"none", "role_count_scaling", "kl_anchor", "role_balanced", "agent_norm",
-                                "length_penalty"}
+    assert set(MITIGATIONS) == {"none", "role_count_scaling", "coherence_reg", "kl_anchor", "role_balanced",
+                                "agent_norm", "length_penalty"}
     with pytest.raises(ConfigError, match="unknown mitigation 'coherence'; valid choices: none, role_count_scaling"):
         apply_and_validate({"mitigation": "kl_anchor+coherence"})
     with pytest.raises(ConfigError, match="kl_coef_per_role.voter must be a finite number >= 0"):

@@ -51,6 +51,8 @@ def _compare(local_result, local_probe, verl_result, verl_probe) -> dict:
             _close(a["loss"], b["loss"], f"{policy} mini-batch {k} loss")
             _close(a["grad_norm"], b["grad_norm"], f"{policy} mini-batch {k} grad norm")
             _close(a["clipfrac"], b["clipfrac"], f"{policy} mini-batch {k} clipfrac")
+            assert ("lr_scale" in a) == ("lr_scale" in b)
+            _close(a.get("lr_scale", 1.0), b.get("lr_scale", 1.0), f"{policy} mini-batch {k} lr scale")
     assert set(local_result.role_loss) == set(verl_result.role_loss)
     for role, loss in local_result.role_loss.items():
         _close(loss, verl_result.role_loss[role], f"{role} loss")
@@ -67,10 +69,11 @@ def _compare(local_result, local_probe, verl_result, verl_probe) -> dict:
 
 @pytest.mark.parametrize("overrides", [
     # two FSDP ranks (gloo) per policy: shards reduce to the same Gram matrix; 2 epochs of shuffled
-    # mini-batches of 4 problems (voters: 6 optimizer steps, aggregator: 2) with one clip norm over the cell
+    # mini-batches of 4 problems (voters: 6 optimizer steps, aggregator: 2) with one clip norm over the cell,
+    # each voter step's lr divided by its voters' coherence (mitigation coherence_reg)
     ("topology=voting", "sharing=ip", "algo.loss_agg=token-mean", "verl.gpus_per_policy=2",
      "algo.ppo_mini_batch_size=4", "algo.ppo_epochs=2", "algo.shuffle=true", "algo.clip_scope=cell", "instrument.kl_every=1",
-     "algo.max_grad_norm=0.3"),
+     "algo.max_grad_norm=0.3", "mitigation=coherence_reg"),
     # fixed-size micro-batches (5 does not divide every instance's rows) and one group per policy's own GPUs;
     # 3 mini-batches per step, asymmetric clip, cosine LR with warm-up
     ("topology=eval_opt", "sharing=sp", "algo.loss_agg=role-balanced", "algo.kl_coef=0.05", "algo.micro_batch_size=5",
@@ -100,6 +103,7 @@ def test_same_batch_same_numbers_on_both_engines(tmp_path, warm_model_dir, ray_s
                 assert max(abs(r - 1.0) for r in local_result.ratio.values()) > 1e-4  # later mini-batches are off-policy
         if "topology=voting" in overrides:
             assert metrics["role/voter/amplification"] > 1.2  # three voters push one adapter
+            assert min(m["lr_scale"] for m in verl_result.minibatches["voter"]) < 0.95  # coherence_reg slowed a step
         # rollout goes through verl's replica registry; each replica serves its trainer's new adapter
         for policy in local.policies:
             assert isinstance(verl.replicas[policy], RolloutReplicaRegistry.get("hf"))

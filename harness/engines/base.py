@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
+from harness.algo.coherence import design_effect
 from harness.algo.loss import BatchNorm
 from harness.config import kl_in_loss
 from harness.workflows import Generation, Sampling, Turn
@@ -102,13 +103,25 @@ def same_type_instances(turns: Sequence[Turn]) -> int:
 
 
 def record_minibatch(result: UpdateResult, role_loss: Dict[Tuple[str, str], float], policy: str,
-                     losses: Dict[str, float], grad_norm: float, clipped: float, tokens: float, rows: int) -> None:
-    """One optimizer step's numbers, as both engines record them (before stepping)."""
+                     losses: Dict[str, float], grad_norm: float, clipped: float, tokens: float, rows: int,
+                     lr_scale: Optional[float] = None) -> None:
+    """One optimizer step's numbers, as both engines record them (before stepping); `lr_scale`:
+    the step's learning-rate factor under algo.coherence_reg."""
     for role, value in losses.items():
         role_loss[(policy, role)] += value
-    result.minibatches.setdefault(policy, []).append(
-        {"loss": sum(losses.values()), "grad_norm": grad_norm, "clipfrac": clipped / max(tokens, 1.0),
-         "tokens": tokens, "rows": rows})
+    record = {"loss": sum(losses.values()), "grad_norm": grad_norm, "clipfrac": clipped / max(tokens, 1.0),
+              "tokens": tokens, "rows": rows}
+    if lr_scale is not None:
+        record["lr_scale"] = lr_scale
+    result.minibatches.setdefault(policy, []).append(record)
+
+
+def coherence_lr_scale(algo, gradients) -> Optional[float]:
+    """The learning-rate factor 1/d of one optimizer step under algo.coherence_reg (None when off),
+    from the step's PolicyGradients (algo/coherence.py)."""
+    if algo.coherence_reg <= 0:
+        return None
+    return 1.0 / design_effect(gradients.slots, gradients.gram, algo.coherence_reg)
 
 
 def record_step(result: UpdateResult, policy: str, moved: Optional[float]) -> None:

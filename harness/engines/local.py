@@ -18,10 +18,12 @@ import torch
 from harness.algo.loss import BatchNorm, ClipConfig, aggregate, kl_to_reference, ppo_clip_loss
 from harness.config import kl_beta
 from harness.engines.adapters import attach_adapters
-from harness.engines.base import (MiniBatch, UpdateResult, clip_coefficients, finish_update, lr_multiplier,
+from harness.engines.base import (MiniBatch, UpdateResult, clip_coefficients, coherence_lr_scale, finish_update,
+                                  lr_multiplier,
                                   measure_kl, record_minibatch, record_step, update_plan)
 from harness.engines.logprobs import ResponseLogProbs, response_log_probs
 from harness.engines.sampling import generate_grouped, sample_repeated
+from harness.instrument.probe import GradientProbe
 from harness.workflows import Generation, Sampling, Turn
 
 
@@ -196,12 +198,11 @@ class LocalEngine:
         weights, then the mini-batches in rounds, each one optimizer step with clipping per policy
         or over the cell; the LR follows the schedule at `step`."""
         algo = self.cfg.algo
+        if probe is None and algo.coherence_reg > 0:  # the design effect needs each instance's gradient
+            probe = GradientProbe()
         plan = update_plan(samples, algo, self.seed, step)
         policies = [p for p in self.policies if p in plan]
-        lr = algo.lr * lr_multiplier(algo, self.cfg.steps, step)
-        for policy in policies:
-            for group in self.optimizers[policy].param_groups:
-                group["lr"] = lr
+        lr = algo.lr * lr_multiplier(algo, self.cfg.steps, step)  # set on each optimizer step below
         # on-policy rows (the first mini-batch, before any step) take their old log-probs from their own
         # forward; every other row gets one forward under the behaviour weights now, as verl does
         first = {id(t) for p in policies for t in plan[p][0].turns}
@@ -226,8 +227,9 @@ class LocalEngine:
             factors = clip_coefficients(norms, algo.max_grad_norm, algo.clip_scope)
             for policy in active:
                 params, optimizer = self.params[policy], self.optimizers[policy]
+                lr_scale = coherence_lr_scale(algo, probe.rounds[policy][-1]) if algo.coherence_reg > 0 else None
                 record_minibatch(result, role_loss, policy, losses[policy], norms[policy], *counted[policy],
-                                 rows=len(plan[policy][k].turns))
+                                 rows=len(plan[policy][k].turns), lr_scale=lr_scale)
                 if not math.isfinite(norms[policy]):
                     optimizer.zero_grad(set_to_none=True)
                     record_step(result, policy, None)
@@ -236,6 +238,8 @@ class LocalEngine:
                     torch._foreach_mul_([p.grad for p in params if p.grad is not None], factors[policy])
                 with torch.no_grad():
                     before = [p.clone() for p in params]
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * (lr_scale if lr_scale is not None else 1.0)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 with torch.no_grad():

@@ -27,8 +27,8 @@ import torch
 
 from harness.algo.loss import ClipConfig
 from harness.engines.adapters import export_initial_adapters
-from harness.engines.base import (UpdateResult, clip_coefficients, finish_update, measure_kl, record_minibatch,
-                                  record_step, update_plan)
+from harness.engines.base import (UpdateResult, clip_coefficients, coherence_lr_scale, finish_update, measure_kl,
+                                  record_minibatch, record_step, update_plan)
 from harness.engines.multi import instance_config
 from harness.engines.sampling import generate_grouped
 from harness.engines.verl.rollout import launch_replica, resolve_backend, rollout_config, run_sync
@@ -236,14 +236,18 @@ class VerlEngine:
             # scope policy: verl's optimizer_step clips each policy itself; cell: one norm, scaled here
             factors = (clip_coefficients(norms, algo.max_grad_norm, "cell") if algo.clip_scope == "cell"
                        else {p: 1.0 for p in active})
-            steps = {p: self.groups[p].step_round(factors[p]) for p in active}
+            gradients = {p: PolicyGradients([tuple(s) for s in out["slots"]], out["gram"].double())
+                         for p, out in rounds.items()}
+            lr_scales = {p: coherence_lr_scale(algo, gradients[p]) for p in active}
+            steps = {p: self.groups[p].step_round(factors[p], lr_scales[p] or 1.0) for p in active}
             for policy in active:
                 out, stepped = rounds[policy], ray.get(steps[policy])[0]
                 if probe is not None:
-                    probe.add(policy, PolicyGradients([tuple(s) for s in out["slots"]], out["gram"].double()))
+                    probe.add(policy, gradients[policy])
                 finite = math.isfinite(stepped["grad_norm"])  # verl's optimizer_step skips a non-finite step
                 record_minibatch(result, role_loss, policy, out["loss"], norms[policy] if finite else stepped["grad_norm"],
-                                 out["clipped"], out["tokens"], rows=len(plan[policy][k].turns))
+                                 out["clipped"], out["tokens"], rows=len(plan[policy][k].turns),
+                                 lr_scale=lr_scales[policy])
                 record_step(result, policy, stepped["update_norm"] if finite else None)
         ends = {p: self.groups[p].end_update() for p in policies}
         sums: Dict[str, Dict[str, float]] = defaultdict(lambda: defaultdict(float))

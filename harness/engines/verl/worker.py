@@ -197,10 +197,13 @@ class PolicyWorker(HarnessWorker):
                 "clipped": reduced[-2], "tokens": reduced[-1]}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
-    def step_round(self, factor: float) -> dict:
+    def step_round(self, factor: float, lr_scale: float = 1.0) -> dict:
         """verl's optimizer_step after scaling the gradient by `factor` (cell-wide clipping; 1 leaves
-        the policy's own clipping to verl); returns ‖Δθ‖ of the step."""
+        the policy's own clipping to verl), at `lr_scale` x the scheduler's learning rate for this
+        step only (algo.coherence_reg); returns ‖Δθ‖ of the step."""
         params = self._trainable()
+        groups = self.engine.optimizer.param_groups
+        scheduled = [group["lr"] for group in groups]
         with self.engine.train_mode():
             if factor < 1.0:
                 with torch.no_grad():
@@ -208,7 +211,13 @@ class PolicyWorker(HarnessWorker):
                         if p.grad is not None:
                             p.grad.mul_(factor)
             before = [_local(p).detach().clone() for p in params]
-            grad_norm = float(self.engine.optimizer_step())
+            for group, lr in zip(groups, scheduled):
+                group["lr"] = lr * lr_scale
+            try:
+                grad_norm = float(self.engine.optimizer_step())
+            finally:
+                for group, lr in zip(groups, scheduled):
+                    group["lr"] = lr
         moved = self._global_norm(sum(float((_local(p) - b).double().pow(2).sum()) for p, b in zip(params, before)))
         return {"grad_norm": grad_norm, "update_norm": moved}
 

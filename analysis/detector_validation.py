@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 import pandas as pd
 import yaml
 
-from analysis.labels import FailureLabel, LabelConfig, label_run
+from analysis.labels import FailureLabel, LabelConfig, label_records
 from analysis.load import find_runs
 from harness.logging import read_jsonl
 
@@ -81,16 +81,25 @@ def replayed_alerts(run: Path, cell: dict) -> List[dict]:
     return [a.record() for record in read_jsonl(run / "metrics.jsonl") for a in monitor.observe(record)]
 
 
-def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False) -> List[RunOutcome]:
+def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False,
+             until: Optional[int] = None) -> List[RunOutcome]:
+    """Every run's labels and first alerts; with `until`, only its steps below `until` count, as
+    if the sweep had stopped there (the same cells scored at a shorter horizon: the first steps
+    of a longer run are those of the shorter one under a constant learning rate)."""
     results = []
     for run in find_runs(sweep):
         cell = yaml.safe_load((run / "cell.yaml").read_text()) or {}
         first: Dict[str, int] = {}
         for alert in (replayed_alerts(run, cell) if replay else read_jsonl(run / "alerts.jsonl")):
             kind, step = alert.get("kind"), alert.get("step")
-            if kind in TARGETS and isinstance(step, int) and (kind not in first or step < first[kind]):
+            if kind in TARGETS and isinstance(step, int) and (until is None or step < until) \
+                    and (kind not in first or step < first[kind]):
                 first[kind] = step
-        results.append(RunOutcome(run, cell.get("cell_id") or run.name, arm_of(cell), label_run(run, cfg), first))
+        records = read_jsonl(run / "metrics.jsonl")
+        if until is not None:
+            records = [r for r in records if isinstance(r.get("step"), int) and r["step"] < until]
+        results.append(RunOutcome(run, cell.get("cell_id") or run.name, arm_of(cell), label_records(records, cfg),
+                                  first))
     return results
 
 

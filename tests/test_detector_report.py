@@ -77,6 +77,24 @@ def test_scores_are_what_the_constructed_sweep_holds(sweep):
     assert arms.loc["single (arith, tiny-m)", "failed"] == 0
 
 
+def test_a_shorter_horizon_scores_only_the_steps_before_it(sweep, tmp_path):
+    """--steps 45: the collapse confirmed at step 40 still counts; the one from step 50 and the capture
+    from step 50 were not seen yet, so their cells are healthy and alerts after step 44 do not count."""
+    root = sweep[0]
+    scores = detector_scores(outcomes(root, until=45)).set_index("detector")
+    amp, drift = scores.loc["amplification"], scores.loc["length_drift"]
+    assert (amp["failing cells"], amp["recall"], amp["median lead (steps)"]) == (1, 1.0, 30 - 12)
+    assert (drift["failing cells"], drift["healthy cells"], drift["fired on healthy"]) == (0, 4, 1)
+    proc = subprocess.run([sys.executable, "-m", "reports.detectors", str(root), "--steps", "45"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "5 cells, 1 with a failure label" in proc.stdout and "first 45 steps" in proc.stdout
+    assert (root / "report" / "detectors-45.md").is_file() and (root / "report" / "detectors-45.html").is_file()
+    bad = subprocess.run([sys.executable, "-m", "reports.detectors", str(root), "--steps", "soon"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--steps needs a whole number" in bad.stderr
+
+
 def test_wilson_interval():
     low, high = wilson(0, 5)
     assert low == 0.0 and 0.4 < high < 0.5  # no failure in 5 seeds still leaves up to ~43%

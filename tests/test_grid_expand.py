@@ -156,17 +156,17 @@ def test_values_off_the_direct_path_are_converted_or_refused_by_omegaconf():
 def test_repro_lists_mitigations_excludes_where_they_cannot_act_and_points_at_the_paired_run():
     cfg = compose(["sweep=repro"])
     cells = expand(cfg.sweep, cfg.cluster, "/runs")
-    assert len(cells) == 60  # 2 topologies x 5 arms x 5 seeds + voting ip + coherence_reg x 5 + 5 baselines
+    assert len(cells) == 50  # voting 6 arms + eval_opt 3 arms, x 5 seeds, + 5 baselines
     arms = sorted({(c.axes["topology"], c.axes["sharing"], c.axes.get("mitigation")) for c in cells if not c.is_baseline})
-    assert arms == sorted([(t, s, m) for t in ("eval_opt", "voting") for s, m in (
-        ("ip", "none"), ("ip", "role_count_scaling"), ("ip_instance", "none"), ("sp", "none"), ("sp", "role_balanced"))]
-        + [("voting", "ip", "coherence_reg")])
-    scaled = next(c for c in cells if c.cell_id == "voting-ip-math-tiny-m-s5-mitigation=role_count_scaling")
+    assert arms == sorted([("voting", "ip", "none"), ("voting", "ip", "role_count_scaling"), ("voting", "ip", "coherence_reg"),
+                           ("voting", "ip_instance", "none"), ("voting", "sp", "none"), ("voting", "sp", "role_balanced"),
+                           ("eval_opt", "ip", "none"), ("eval_opt", "sp", "none"), ("eval_opt", "sp", "role_balanced")])
+    scaled = next(c for c in cells if c.cell_id == "voting-ip-math-tiny-m-s15-mitigation=role_count_scaling")
     assert scaled.overrides["mitigation"] == "role_count_scaling"
-    assert scaled.overrides["monitors"]["amplification"]["reference_run"] == "/runs/repro/single-math-tiny-m-s5"
-    baseline = next(c for c in cells if c.cell_id == "single-math-tiny-m-s5")
+    assert scaled.overrides["monitors"]["amplification"]["reference_run"] == "/runs/repro/single-math-tiny-m-s15"
+    baseline = next(c for c in cells if c.cell_id == "single-math-tiny-m-s15")
     assert "reference_run" not in baseline.overrides.get("monitors", {}).get("amplification", {})
-    assert [c.cell_id for c in cells].index("single-math-tiny-m-s5") < [c.cell_id for c in cells].index(scaled.cell_id)
+    assert [c.cell_id for c in cells].index("single-math-tiny-m-s15") < [c.cell_id for c in cells].index(scaled.cell_id)
     check_cells(cells[:3], strict=True)
 
 

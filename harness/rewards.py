@@ -13,12 +13,12 @@ returns one reward per turn in place of the terms (the discount still applies).
 """
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from functools import lru_cache
 from typing import Callable, Dict, List
 
 from harness.config import REWARD_TERMS as TERMS, RewardConfig
+from harness.imports import import_object
 from harness.workflows import Episode
 
 
@@ -35,13 +35,10 @@ def weights_for(cfg: RewardConfig, role: str) -> Dict[str, float]:
 @lru_cache(maxsize=None)
 def load_allocator(path: str) -> Callable:
     """`package.module:function`, imported once; ValueError naming what is wrong."""
-    module_name, _, name = path.partition(":")
-    if not module_name or not name:
-        raise ValueError(f"reward.allocator must read 'package.module:function', got '{path}'")
     try:
-        function = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"reward.allocator '{path}' cannot be loaded: {exc}") from None
+        function = import_object(path)
+    except ValueError as exc:
+        raise ValueError(f"reward.allocator {exc}") from None
     if not callable(function):
         raise ValueError(f"reward.allocator '{path}' is not callable")
     return function

@@ -47,7 +47,6 @@ node writes) raise one ConfigError naming what is wrong.
 """
 from __future__ import annotations
 
-import importlib
 import re
 from asyncio import gather
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from harness.config import REWARD_TERMS, ConfigError
+from harness.imports import import_object
 from harness.workflows.base import Agents, Episode, RoleSpec, Turn, Workflow
 from harness.workflows.contracts import ACCEPT
 
@@ -312,11 +312,10 @@ def load_graph(source) -> GraphSpec:
 
 
 def _import(path: str):
-    module, _, name = path.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise GraphError(f"'{path}' cannot be loaded: {exc}") from None
+        return import_object(path)
+    except ValueError as exc:
+        raise GraphError(str(exc)) from None
 
 
 @dataclass

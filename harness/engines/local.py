@@ -19,8 +19,7 @@ from harness.algo.loss import BatchNorm, ClipConfig, aggregate, kl_to_reference,
 from harness.config import kl_beta
 from harness.engines.adapters import attach_adapters
 from harness.engines.base import (MiniBatch, UpdateResult, clip_coefficients, coherence_lr_scale, finish_update,
-                                  lr_multiplier,
-                                  measure_kl, record_minibatch, record_step, update_plan)
+                                  lr_multiplier, measure_kl, record_minibatch, record_step, update_plan)
 from harness.engines.logprobs import ResponseLogProbs, response_log_probs
 from harness.engines.sampling import generate_grouped, sample_repeated
 from harness.instrument.probe import GradientProbe

@@ -124,7 +124,7 @@ class Controller:
     def _gae_advantages(self, episodes: List[Episode]) -> dict:
         """Each turn's value from its policy's critic, GAE over every episode's turns, whitened over
         the step; returns what the critic update needs (old values, returns per turn)."""
-        from harness.algo.critic import turn_gae, verl_gae
+        from harness.algo.critic import verl_gae
 
         turns = [t for e in episodes for t in e.turns]
         values = {}
@@ -132,14 +132,12 @@ class Controller:
             mine = [t for t in turns if t.policy == policy]
             for turn, value in zip(mine, self.critic.values(policy, mine)):
                 values[id(turn)] = float(value)
-        gamma, lam = self.cfg.algo.gae_gamma, self.cfg.algo.gae_lambda
         trajectories = [([t.reward for t in e.turns], [values[id(t)] for t in e.turns]) for e in episodes]
-        whitened, episode_returns = verl_gae(trajectories, gamma, lam)  # verl's compute_gae_advantage_return
+        whitened, episode_returns = verl_gae(trajectories, self.cfg.algo.gae_gamma, self.cfg.algo.gae_lambda)
         advantages, returns = {}, {}
-        for episode, (rewards, vals), adv, ret in zip(episodes, trajectories, whitened, episode_returns):
-            raw, _ = turn_gae(rewards, vals, gamma, lam)  # before whitening, for role/<r>/adv_mean
-            for turn, a, r, w in zip(episode.turns, raw, ret, adv):
-                advantages[id(turn)], returns[id(turn)] = a, r
+        for episode, (_, vals), adv, ret in zip(episodes, trajectories, whitened, episode_returns):
+            for turn, r, v, w in zip(episode.turns, ret, vals, adv):
+                advantages[id(turn)], returns[id(turn)] = r - v, r  # raw = R - V (verl's returns), for adv_mean
                 turn.advantage = w
         return {"turns": turns, "values": values, "returns": returns, "raw": advantages}
 

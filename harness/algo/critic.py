@@ -52,10 +52,9 @@ def verl_gae(episodes: Sequence[Tuple[Sequence[float], Sequence[float]]], gamma:
     for row, (r, v) in enumerate(episodes):
         rewards[row, : len(r)], values[row, : len(v)], mask[row, : len(r)] = torch.tensor(list(r), dtype=torch.float64), \
             torch.tensor(list(v), dtype=torch.float64), 1.0
-    if int(mask.sum()) < 2:  # verl's whitening needs two turns; one turn has no spread: advantage 0
-        _, returns = compute_gae_advantage_return(rewards, values, mask, gamma, lam)
-        return [[0.0] * len(r) for r, _ in episodes], [returns[i, : len(r)].tolist() for i, (r, _) in enumerate(episodes)]
     advantages, returns = compute_gae_advantage_return(rewards, values, mask, gamma, lam)
+    if int(mask.sum()) < 2:  # verl's whitening needs two turns; one turn has no spread: advantage 0
+        advantages = torch.zeros_like(advantages)
     return ([advantages[i, : len(r)].tolist() for i, (r, _) in enumerate(episodes)],
             [returns[i, : len(r)].tolist() for i, (r, _) in enumerate(episodes)])
 

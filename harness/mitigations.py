@@ -29,12 +29,12 @@ def _role_count_scaling(cfg: CellConfig) -> None:
 
 
 def _coherence_reg(cfg: CellConfig) -> None:
-    if cfg.algo.coherence_reg <= 0:
+    if cfg.algo.coherence_reg == 0:  # unset; a bad value is left for validation to reject
         cfg.algo.coherence_reg = COHERENCE_REG
 
 
 def _kl_anchor(cfg: CellConfig) -> None:
-    if cfg.algo.kl_coef <= 0:
+    if cfg.algo.kl_coef == 0:  # unset; a bad value is left for validation to reject
         cfg.algo.kl_coef = KL_ANCHOR_BETA
 
 

@@ -142,6 +142,9 @@ def test_role_balanced_and_kl_anchor_set_their_knobs_and_names_compose():
         apply_and_validate({"mitigation": "kl_anchor+coherence"})
     with pytest.raises(ConfigError, match="kl_coef_per_role.voter must be a finite number >= 0"):
         apply_and_validate({"algo": {"kl_coef_per_role": {"voter": -1.0}}})
+    for knob, name in (("coherence_reg", "coherence_reg"), ("kl_coef", "kl_anchor")):  # not replaced by the default
+        with pytest.raises(ConfigError, match=f"algo.{knob} must be a finite number >= 0, got -1.0"):
+            apply_and_validate({"mitigation": name, "algo": {knob: -1.0}})
 
 
 def test_unknown_mitigation_on_the_command_line_exits_2_and_writes_nothing(tmp_path):

@@ -174,6 +174,14 @@ def test_what_the_program_can_see_is_its_own_empty_jail(sandbox):
                                   "assert open_one(int(socket.AF_INET)) == errno.EPERM\n"
                                   "assert open_one(int(socket.AF_UNIX)) == errno.EPERM\n")
     assert "seccomp-no-socket" in sandbox.jail.isolation and denied.passed, denied.reason  # seccomp: no socket(2)
+    limits = sandbox.limits
+    rlimits = sandbox.run("import resource\ndef limit(name): return list(resource.getrlimit(getattr(resource, name)))\n",
+                          f"assert limit('RLIMIT_CPU') == [{limits.cpu_s}, {limits.cpu_s + 1}]\n"
+                          f"assert limit('RLIMIT_AS') == [{limits.memory_mb << 20}] * 2\n"
+                          f"assert limit('RLIMIT_FSIZE') == [{limits.file_size_mb << 20}] * 2\n"
+                          f"assert limit('RLIMIT_CORE') == [0, 0]\n"
+                          + (f"assert limit('RLIMIT_NPROC') == [{limits.max_processes}] * 2\n" if os.geteuid() == 0 else ""))
+    assert rlimits.passed, rlimits.reason  # the limits hold in the program itself (prlimit before the jail)
     results = sandbox.run_many([("import os\nopen('/tmp/mine', 'w').write('x')\ndef files(): return os.listdir('/tmp')",
                                  "assert files() == ['mine']")] * 4, max_workers=2)
     assert all(r.passed for r in results), [r.reason for r in results]  # each sees its own /tmp only

@@ -100,6 +100,13 @@ class Jail:
 
 
 @lru_cache(maxsize=1)
+def prlimit() -> Optional[str]:
+    """util-linux's prlimit, which sets the sandbox's rlimits and execs the jail: the system's own
+    (like JAIL_PYTHON), whatever the harness's PATH holds."""
+    return shutil.which("prlimit", path="/usr/bin:/bin")
+
+
+@lru_cache(maxsize=1)
 def jail_problem() -> Optional[str]:
     """None when the jail works here, else what is missing."""
     if not shutil.which("bwrap"):
@@ -108,6 +115,8 @@ def jail_problem() -> Optional[str]:
         return f"{JAIL_PYTHON} (the system interpreter the jail runs) is missing"
     if os.geteuid() == 0 and not shutil.which("setpriv"):
         return "setpriv (util-linux) is missing"
+    if prlimit() is None:
+        return "prlimit (util-linux) is missing from /usr/bin"
     try:
         probe = subprocess.run(Jail().command([JAIL_PYTHON, "-I", "-c", "import os; print(len(os.listdir('/tmp')))"]),
                                capture_output=True, text=True, timeout=30)
@@ -121,6 +130,8 @@ def jail_problem() -> Optional[str]:
 def find_jail(unsafe: bool = False) -> Jail:
     """The jail to use, or JailUnavailable naming what is missing (fail closed)."""
     if unsafe:
+        if prlimit() is None:  # the limits are all an unjailed program has
+            raise JailUnavailable("no limits for model-written code: prlimit (util-linux) is missing from /usr/bin")
         return Jail(unsafe=True, python=os.environ.get("MARL_UNSAFE_PYTHON", JAIL_PYTHON if os.path.exists(JAIL_PYTHON)
                                                       else "python3"))
     problem = jail_problem()

@@ -10,7 +10,9 @@
 # Facts this relies on (measured): no systemd and no cgroups here, so proctrack/linuxproc and
 # task/none; DefMemPerCPU so jobs share the node; RealMemory below the real memory or the node
 # drains; EnforcePartLimits=ALL so an impossible request fails at submit; KillWait=5 because
-# submitit ignores SIGTERM; daemons are stopped by pid file, never by name.
+# submitit ignores SIGTERM; AuthInfo=cred_expire=30 because a requeued job waits that long before
+# it may start again (default 120 s: a preempted cell idled 2 minutes); daemons are stopped by pid
+# file, never by name.
 set -euo pipefail
 
 STATE=${SLURM_LOCAL_STATE:-/var/lib/marl-slurm}
@@ -55,6 +57,7 @@ SlurmctldHost=$HOST
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=30
 StateSaveLocation=$STATE/spool/ctld
 SlurmdSpoolDir=$STATE/spool/d
 SlurmctldPidFile=$RUN/slurmctld.pid

@@ -190,8 +190,8 @@ def test_verl_cell_runs_on_slurm(tmp_path, warm_model_dir, slurm_cluster, ray_up
 @pytest.mark.timeout(1500)
 def test_time_limited_cell_requeues_and_finishes(tmp_path, warm_model_dir, slurm_cluster):
     # a 1-minute limit, signalled 25 s before: the cell needs at least two attempts on any machine here
-    # (SLURM makes a requeued job eligible 120 s later, so each requeue costs ~2.5 min); one mini-batch
-    # per step keeps the attempts few
+    # (a requeued job is eligible again after the cluster's cred_expire, 30 s: slurm/local-cluster.sh);
+    # one mini-batch per step keeps the attempts few
     args = ["sweep=smoke", "sweep.axes.topology=[single]", "sweep.baseline=false", "sweep.cell.steps=450",
             "sweep.cell.algo.ppo_mini_batch_size=8",
             "sweep.cell.ckpt_every=10", "sweep.cell.val_every=1000", "cluster.resources.tiny-m.time_min=1",

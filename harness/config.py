@@ -124,6 +124,11 @@ class AlgoConfig:
     adv_norm: str = "group"  # group: GRPO's std over the group; agent: the role's std over the batch (Dr. MAS)
     role_count_scaling: bool = False  # n same-type instances on a policy: mini-batches n x as large
     coherence_reg: float = 0.0  # λ > 0: each step's lr / (1 + λ(coherence - 1)) of same-type instances (algo/coherence.py)
+    # an induced failure for validating detectors (sweep=repro_lr_spike): lr x lr_spike_factor on the
+    # lr_spike_steps training steps from lr_spike_start (0 steps: off)
+    lr_spike_factor: float = 1.0
+    lr_spike_start: int = 0
+    lr_spike_steps: int = 0
     kl_coef: float = 0.0  # > 0: KL to the base model (adapter disabled)
     kl_coef_per_role: Dict[str, float] = field(default_factory=dict)  # a role's own beta (else kl_coef)
     adv_estimator: str = "grpo"  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)

@@ -177,7 +177,8 @@ def _choose(kind: str, value: str, choices) -> None:
 
 def _check_numbers(cfg: CellConfig) -> None:
     """Every numeric knob finite and in its range (NaN and inf fail every comparison below)."""
-    positive = {"algo.lr": cfg.algo.lr, "algo.max_grad_norm": cfg.algo.max_grad_norm,
+    positive = {"algo.lr": cfg.algo.lr, "algo.lr_spike_factor": cfg.algo.lr_spike_factor,
+                "algo.max_grad_norm": cfg.algo.max_grad_norm,
                 "algo.temperature": cfg.algo.temperature, "sandbox.wall_s": cfg.sandbox.wall_s,
                 "model.lora_alpha": cfg.model.lora_alpha}
     non_negative = {"algo.kl_coef": cfg.algo.kl_coef, "algo.coherence_reg": cfg.algo.coherence_reg,
@@ -319,6 +320,9 @@ def validate(cfg: CellConfig) -> None:
         raise ConfigError(f"instrument.kl_every must be >= 0 (0: never), got {cfg.instrument.kl_every}")
     if cfg.algo.lr_warmup_steps < 0:
         raise ConfigError(f"algo.lr_warmup_steps must be >= 0, got {cfg.algo.lr_warmup_steps}")
+    if cfg.algo.lr_spike_start < 0 or cfg.algo.lr_spike_steps < 0:
+        raise ConfigError(f"algo.lr_spike_start and algo.lr_spike_steps must be >= 0, got "
+                          f"{cfg.algo.lr_spike_start} and {cfg.algo.lr_spike_steps}")
     for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
         value = getattr(cfg.algo, name)
         if value is not None and not value > 0:

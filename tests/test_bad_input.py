@@ -37,6 +37,8 @@ CASES = [
     (["algo.lr=inf"], "algo.lr must be a finite number > 0, got inf"),
     (["algo.kl_coef=-0.1"], "algo.kl_coef must be a finite number >= 0"),
     (["algo.temperature=0"], "algo.temperature must be a finite number > 0"),
+    (["algo.lr_spike_factor=0"], "algo.lr_spike_factor must be a finite number > 0, got 0"),
+    (["algo.lr_spike_steps=-5"], "algo.lr_spike_start and algo.lr_spike_steps must be >= 0"),
     (["algo.clip_ratio_high=nan"], "algo.clip_ratio_high must be > 0"),
     (["algo.lr_schedule=linear"], "(algo.lr_schedule) 'linear'; valid choices: constant, cosine"),
     (["algo.clip_scope=global"], "valid choices: policy, cell"),

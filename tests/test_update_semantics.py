@@ -2,6 +2,7 @@
 log-probs from the behaviour weights, clipping; and sampled validation."""
 from statistics import mean
 
+import pytest
 import torch
 
 from harness.controller import Controller
@@ -13,7 +14,7 @@ from harness.sharing import PolicyMap
 from harness.tasks import build_task
 from harness.workflows import build_workflow
 from tests.conftest import cell
-from tests.test_probe import _setup
+from tests.test_probe import _setup, spread_advantages
 
 
 def _metrics(tmp_path, *overrides):
@@ -87,3 +88,22 @@ def test_sampled_validation_of_voting_sp_has_distinct_candidates_and_a_standard_
     assert sampled["val/role/aggregator/distinct_candidates"] > 1.2
     assert greedy["val/role/aggregator/distinct_candidates"] == 1.0  # one policy, one prompt, greedy: 3 copies
     assert 0 < sampled["val/accuracy_se"] < 0.5
+
+
+def test_an_lr_spike_multiplies_the_steps_inside_its_window_and_no_other(tmp_path, warm_model_dir):
+    """The induced failure `algo.lr_spike_*`: the same batch from the same weights, updated at a step
+    inside the window and at one outside it (Adam's first step is a function of the gradient's
+    direction, so only the lr scales it: role_count_scaling gives each adapter one step on all its
+    rows); the cell logs the spiked lr at exactly those steps."""
+    spike = ("algo.lr_spike_factor=4", "algo.lr_spike_start=3", "algo.lr_spike_steps=2")
+    norms = {}
+    for step in (2, 3):
+        _cfg, engine, turns = _setup(tmp_path / str(step), warm_model_dir, "topology=voting", "sharing=ip",
+                                     "mitigation=role_count_scaling", *spike)
+        spread_advantages(turns)
+        norms[step] = engine.update(turns, GradientProbe(), step=step).policy_update_norm
+    for policy in ("voter", "aggregator"):
+        assert norms[3][policy] == pytest.approx(4 * norms[2][policy], rel=1e-5)
+    metrics = _metrics(tmp_path / "run", "steps=6", "val_every=100", "samples_every=0", *spike)
+    base = metrics[0]["lr"]
+    assert [m["lr"] / base for m in metrics] == pytest.approx([1, 1, 1, 4, 4, 1])

@@ -75,10 +75,11 @@ def _compare(local_result, local_probe, verl_result, verl_probe) -> dict:
      "algo.ppo_mini_batch_size=4", "algo.ppo_epochs=2", "algo.shuffle=true", "algo.clip_scope=cell", "instrument.kl_every=1",
      "algo.max_grad_norm=0.3", "mitigation=coherence_reg"),
     # fixed-size micro-batches (5 does not divide every instance's rows) and one group per policy's own GPUs;
-    # 3 mini-batches per step, asymmetric clip, cosine LR with warm-up
+    # 3 mini-batches per step, asymmetric clip, cosine LR with warm-up, and an induced 3x lr spike on update 1
     ("topology=eval_opt", "sharing=sp", "algo.loss_agg=role-balanced", "algo.kl_coef=0.05", "algo.micro_batch_size=5",
      "verl.use_dynamic_bsz=false", "verl.placement=split", "algo.ppo_mini_batch_size=3", "algo.clip_ratio_high=0.28",
-     "algo.lr_schedule=cosine", "algo.lr_warmup_steps=2", "steps=4"),
+     "algo.lr_schedule=cosine", "algo.lr_warmup_steps=2", "steps=4",
+     "algo.lr_spike_factor=3", "algo.lr_spike_start=1", "algo.lr_spike_steps=1"),
 ])
 def test_same_batch_same_numbers_on_both_engines(tmp_path, warm_model_dir, ray_session, overrides):
     cfg, local, turns = _setup(tmp_path, warm_model_dir, *overrides, *DEVICE_OVERRIDES)

@@ -185,6 +185,13 @@ def measure_kl(cfg, step: int) -> bool:
     return kl_in_loss(cfg.algo) or kl_age(cfg, step) == 0
 
 
+def lr_spike(algo, step: int) -> float:
+    """The induced learning-rate spike's factor at training step `step` (1 outside it): a failure
+    whose cause and start are known, to score the detectors on (algo.lr_spike_*)."""
+    inside = algo.lr_spike_start <= step < algo.lr_spike_start + algo.lr_spike_steps
+    return algo.lr_spike_factor if inside else 1.0
+
+
 def lr_multiplier(algo, total_steps: int, step: int) -> float:
     """verl's LR schedule (constant or cosine, linear warm-up) at training step `step`; verl steps its
     scheduler once per training step."""

@@ -27,8 +27,8 @@ import torch
 
 from harness.algo.loss import ClipConfig
 from harness.engines.adapters import export_initial_adapters
-from harness.engines.base import (UpdateResult, clip_coefficients, coherence_lr_scale, finish_update, measure_kl,
-                                  record_minibatch, record_step, update_plan)
+from harness.engines.base import (UpdateResult, clip_coefficients, coherence_lr_scale, finish_update, lr_spike,
+                                  measure_kl, record_minibatch, record_step, update_plan)
 from harness.engines.multi import instance_config
 from harness.engines.sampling import generate_grouped
 from harness.engines.verl.rollout import launch_replica, resolve_backend, rollout_config, run_sync
@@ -239,7 +239,8 @@ class VerlEngine:
             gradients = {p: PolicyGradients([tuple(s) for s in out["slots"]], out["gram"].double())
                          for p, out in rounds.items()}
             lr_scales = {p: coherence_lr_scale(algo, gradients[p]) for p in active}
-            steps = {p: self.groups[p].step_round(factors[p], lr_scales[p] or 1.0) for p in active}
+            steps = {p: self.groups[p].step_round(factors[p], (lr_scales[p] or 1.0) * lr_spike(algo, step))
+                     for p in active}
             for policy in active:
                 out, stepped = rounds[policy], ray.get(steps[policy])[0]
                 if probe is not None:

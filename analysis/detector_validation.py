@@ -118,13 +118,19 @@ BAR = {"recall": 0.8, "median lead (steps)": 10.0, "false-positive rate": 0.1}
 
 
 def meets_bar(row: dict) -> str:
-    """yes / no, or "not measurable" where the sweep has no failing or no healthy cell to score it on."""
+    """yes, or no with what falls short ("no: lead 3 < 10"), or "not measurable" where the sweep has
+    no failing or no healthy cell to score it on."""
     if not row["failing cells"] or not row["healthy cells"]:
         return "not measurable"
     recall, lead, fpr = (row["recall"], row["median lead (steps)"], row["false-positive rate"])
-    ok = (recall >= BAR["recall"] and not math.isnan(lead) and lead >= BAR["median lead (steps)"]
-          and fpr <= BAR["false-positive rate"])
-    return "yes" if ok else "no"
+    short = []
+    if not recall >= BAR["recall"]:
+        short.append(f"recall {recall:.2f} < {BAR['recall']:g}")
+    if math.isnan(lead) or lead < BAR["median lead (steps)"]:
+        short.append("no lead" if math.isnan(lead) else f"lead {lead:g} < {BAR['median lead (steps)']:g}")
+    if not fpr <= BAR["false-positive rate"]:
+        short.append(f"false positives {fpr:.3f} > {BAR['false-positive rate']:g}")
+    return "no: " + ", ".join(short) if short else "yes"
 
 
 def newcombe(k1: int, n1: int, k2: int, n2: int) -> Tuple[float, float]:

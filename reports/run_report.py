@@ -22,6 +22,9 @@ from reports.render import esc, image, kv_table, md_code, md_table, page, table,
 ROLE_COLUMNS = [("grad_share", "grad share"), ("token_share", "token share"), ("turn_share", "turn share"),
                 ("response_length", "length"), ("format_ok", "format ok"), ("fallback", "fallback"),
                 ("accuracy", "accuracy"), ("grad_norm", "grad norm")]
+# what the amplification alert quotes, per policy (lr scale: mitigation coherence_reg)
+POLICY_COLUMNS = [("optimizer_steps", "optimizer steps"), ("drift", "drift"), ("update_ratio", "update ratio"),
+                  ("coherence", "coherence"), ("lr_scale", "lr scale")]
 
 
 def _baseline_gain(run: Path) -> Optional[dict]:
@@ -35,15 +38,22 @@ def _baseline_gain(run: Path) -> Optional[dict]:
     return None if row.empty else row.iloc[0].to_dict()
 
 
-def early_late(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Per role, the mean of each metric over the first and the last 10% of steps."""
+def policies_of(metrics: pd.DataFrame) -> List[str]:
+    return sorted({c.split("/")[1] for c in metrics.columns
+                   if c.startswith("policy/") and c.count("/") == 2 and c.endswith("/drift")})
+
+
+def early_late(metrics: pd.DataFrame, kind: str = "role") -> pd.DataFrame:
+    """Per role (or per policy: kind="policy"), the mean of each metric over the first and the last
+    10% of steps."""
     n = max(1, len(metrics) // 10)
     early, late = metrics.head(n), metrics.tail(n)
+    names, columns = (roles_of(metrics), ROLE_COLUMNS) if kind == "role" else (policies_of(metrics), POLICY_COLUMNS)
     rows = []
-    for role in roles_of(metrics):
-        row = {"role": role}
-        for key, label in ROLE_COLUMNS:
-            column = f"role/{role}/{key}"
+    for name in names:
+        row = {kind: name}
+        for key, label in columns:
+            column = f"{kind}/{name}/{key}"
             if column in metrics:
                 row[f"{label} early"] = early[column].mean()
                 row[f"{label} late"] = late[column].mean()
@@ -95,6 +105,7 @@ def build_run_report(run: Path) -> Path:
     alert_frame = alerts[["step", "kind", "role", "policy", "value", "threshold", "action", "message"]] \
         if len(alerts) else pd.DataFrame()
     roles = early_late(metrics) if len(metrics) else pd.DataFrame()
+    policies = early_late(metrics, "policy") if len(metrics) else pd.DataFrame()
     agents = agent_rows(metrics) if len(metrics) else pd.DataFrame()
     task_metrics = workflow_rows(metrics, cells).drop(columns=["cell_id", "topology", "sharing", "task"]) \
         if len(metrics) else pd.DataFrame()
@@ -104,6 +115,8 @@ def build_run_report(run: Path) -> Path:
             "<h2>Alerts</h2>", table(alert_frame) if len(alert_frame) else '<p class="muted">no alerts</p>',
             "<h2>Per-role curves</h2>", image(curves, "per-role curves") if curves else "<p>no metrics yet</p>",
             "<h2>Roles early vs late (first and last 10% of steps)</h2>", table(roles) if len(roles) else "",
+            "<h2>Policies early vs late (drift ‖θ_t − θ_0‖, each step's Σ‖Δθ‖/‖θ‖)</h2>",
+            table(policies) if len(policies) else "",
             "<h2>Task metric and rounds (first vs last 20 steps)</h2>",
             table(task_metrics) if len(task_metrics) else "",
             "<h2>Per agent (UnityMAS-O's figures, mean over training steps)</h2>",
@@ -129,6 +142,7 @@ def build_run_report(run: Path) -> Path:
     md += ["", "## Alerts", "", md_table(alert_frame) if len(alert_frame) else "_no alerts_", "",
            "## Per-role curves", "", "![per-role curves](roles.png)" if curves else "", "",
            "## Roles early vs late", "", md_table(roles) if len(roles) else "", "",
+           "## Policies early vs late", "", md_table(policies) if len(policies) else "", "",
            "## Task metric and rounds (first vs last 20 steps)", "", md_table(task_metrics) if len(task_metrics) else "",
            "", "## Per agent", "", md_table(agents) if len(agents) else "", "", "## Role outputs early vs late", ""]
     for t in turns:

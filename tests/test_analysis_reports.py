@@ -180,6 +180,17 @@ def test_sweep_report_tables_read_like_a_person_wrote_them(sweep):
     assert any(row["first_collapse"] == "–" for row in modes)  # a detector that never fired reads "–"
 
 
+def test_run_report_shows_each_policys_steps_and_drift(sweep):
+    """What the amplification alert quotes is in the run report: the IP voter adapter takes its three
+    voters' optimizer steps to the aggregator's one, and every adapter has moved by the end."""
+    md = (sweep / "voting-ip-math-tiny-m-s0" / "report" / "report.md").read_text()
+    rows = {r["policy"]: r for r in _md_section_table(md, "## Policies early vs late")}
+    assert set(rows) == {"aggregator", "voter"}
+    assert float(rows["voter"]["optimizer steps early"]) == 3 * float(rows["aggregator"]["optimizer steps early"])
+    for row in rows.values():
+        assert float(row["drift late"]) > float(row["drift early"]) > 0 and float(row["update ratio early"]) > 0
+
+
 def test_a_single_seed_says_it_has_no_confidence_interval():
     from analysis.compare import seeds_sentence
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from analysis.detector_validation import (arm_failure_rates, detector_scores, mitigation_effects, newcombe, outcomes,
-                                          wilson)
+from analysis.detector_validation import (arm_failure_rates, detector_scores, meets_bar, mitigation_effects, newcombe,
+                                          outcomes, wilson)
 from analysis.labels import capture_labels, contract_labels
 from harness.logging import read_jsonl
 from tests.conftest import REPO
@@ -75,6 +75,19 @@ def test_scores_are_what_the_constructed_sweep_holds(sweep):
     assert arms.loc["voting-ip (arith, tiny-m)", "failure rate"] == 1.0
     assert arms.loc["voting-sp (arith, tiny-m)", "failure rate"] == 0.5
     assert arms.loc["single (arith, tiny-m)", "failed"] == 0
+    assert amp["meets the bar"] == "no: recall 0.50 < 0.8"
+    assert scores.loc["collapse", "meets the bar"] == "no: recall 0.00 < 0.8, no lead"
+    assert drift["meets the bar"].startswith("no: ") and "false positives 0.500 > 0.1" in drift["meets the bar"]
+
+
+def test_the_bar_says_what_falls_short():
+    row = {"failing cells": 10, "healthy cells": 10, "recall": 0.9, "median lead (steps)": 12.0,
+           "false-positive rate": 0.1}
+    assert meets_bar(row) == "yes"
+    assert meets_bar({**row, "median lead (steps)": 3.0}) == "no: lead 3 < 10"
+    assert meets_bar({**row, "recall": 0.5, "false-positive rate": 0.2}) == \
+        "no: recall 0.50 < 0.8, false positives 0.200 > 0.1"
+    assert meets_bar({**row, "healthy cells": 0}) == "not measurable"
 
 
 def test_a_shorter_horizon_scores_only_the_steps_before_it(sweep, tmp_path):

@@ -101,7 +101,7 @@ def line_gpu_column(lines):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["sweep=everything"], "valid choices: full_matrix, repro, repro_capture, smoke"),
+    (["sweep=everything"], "valid choices: full_matrix, repro, repro_capture, repro_lr_spike, smoke"),
     (["sweep=smoke", "cluster=mars"], "valid choices: example_gpu, local, study"),
     (["sweep=smoke", "launcher=pbs"], "valid choices: local, slurm"),
     (["sweep=smoke", "sweep.axes.topology=[star]"], "unknown topology 'star' in the sweep; valid choices: eval_opt"),
@@ -151,6 +151,21 @@ def test_values_off_the_direct_path_are_converted_or_refused_by_omegaconf():
         config_from_dict({"steps": "many"})
     with pytest.raises(ConfigError, match="bad cell config"):
         config_from_dict({"algo": {"learning_rate": 1e-3}})
+
+
+def test_the_lr_spike_sweep_spikes_only_its_induced_cells_never_a_baseline():
+    cfg = compose(["sweep=repro_lr_spike"])
+    cells = expand(cfg.sweep, cfg.cluster, "/runs")
+    assert len(cells) == 25  # voting x {ip, sp} x {none, lr_spike} x 5 seeds + 5 baselines
+    for c in cells:
+        spiked = c.axes.get("induced") == "lr_spike"
+        algo = c.overrides.get("algo", {})
+        assert (algo.get("lr_spike_factor"), algo.get("lr_spike_steps")) == ((5.0, 10) if spiked else (None, None))
+        if not c.is_baseline:  # the reference is the unspiked single agent of the same seed
+            reference = c.overrides["monitors"]["amplification"]["reference_run"]
+            assert reference == f"/runs/repro_lr_spike/single-math-tiny-m-s{c.axes['seed']}"
+    assert sum(c.is_baseline for c in cells) == 5
+    check_cells(cells[:2], strict=True)
 
 
 def test_repro_lists_mitigations_excludes_where_they_cannot_act_and_points_at_the_paired_run():

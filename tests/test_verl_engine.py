@@ -154,10 +154,13 @@ def _run(root, *extra, timeout=400):
 
 
 def test_verl_cell_runs_writes_the_run_dir_and_resumes_after_sigkill(tmp_path, warm_model_dir):
+    """The uninterrupted run it is compared with runs beside it (each its own Ray; a verl cell mostly waits)."""
     killed, clean, local = tmp_path / "killed", tmp_path / "clean", tmp_path / "local"
     metrics = killed / "default" / CELL / "metrics.jsonl"
     proc = subprocess.Popen(python_cmd() + [f"root={killed}", *ARGS], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    uninterrupted = subprocess.Popen(python_cmd() + [f"root={clean}", *ARGS], cwd=REPO, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while len(read_jsonl(metrics)) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
@@ -171,8 +174,8 @@ def test_verl_cell_runs_writes_the_run_dir_and_resumes_after_sigkill(tmp_path, w
     got = read_jsonl(metrics)
     assert [m["step"] for m in got] == list(range(6))
 
-    uninterrupted = _run(clean)
-    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    clean_err = uninterrupted.communicate(timeout=400)[1]
+    assert uninterrupted.returncode == 0, clean_err[-3000:]
     want = read_jsonl(clean / "default" / CELL / "metrics.jsonl")
     for a, b in zip(got, want):
         assert a["reward/mean"] == b["reward/mean"], a["step"]

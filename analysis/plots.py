@@ -19,10 +19,15 @@ ALERT_COLORS = {"amplification": "tab:red", "capture": "tab:purple", "length_dri
                 "collapse": "black", "non_finite": "tab:gray"}
 
 
-def roles_of(metrics: pd.DataFrame) -> List[str]:
+def names_of(metrics: pd.DataFrame, kind: str, suffix: str) -> List[str]:
+    """The names with a logged `<kind>/<name>/<suffix>` column (kind: role or policy)."""
     return sorted({c.split("/")[1] for c in metrics.columns
-                   if c.startswith("role/") and c.count("/") == 2 and c.endswith("/response_length")
+                   if c.startswith(kind + "/") and c.count("/") == 2 and c.endswith("/" + suffix)
                    and metrics[c].notna().any()})
+
+
+def roles_of(metrics: pd.DataFrame) -> List[str]:
+    return names_of(metrics, "role", "response_length")
 
 
 def _smooth(series: pd.Series, window: int) -> pd.Series:

@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from harness.algo.grpo import assign_advantages
-from harness.engines.base import kl_age, lr_multiplier, lr_spike
+from harness.engines.base import kl_age, step_lr
 from harness.instrument.gradients import gradient_metrics
 from harness.instrument.probe import GradientProbe
 from harness.instrument.rollout import rollout_metrics
@@ -110,7 +110,7 @@ class Controller:
             metrics.update(self._critic_update(critic_batch))
         metrics.update(gradient_metrics(probe))
         metrics.update(update_metrics(update))
-        metrics["lr"] = self.cfg.algo.lr * lr_multiplier(self.cfg.algo, self.cfg.steps, step) * lr_spike(self.cfg.algo, step)
+        metrics["lr"] = step_lr(self.cfg.algo, self.cfg.steps, step)
         metrics["skipped_policies"] = float(len(update.skipped))
         age = kl_age(self.cfg, step)  # role/<r>/kl is measured on a cadence: steps since its last value
         if age is not None:

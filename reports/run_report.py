@@ -15,7 +15,7 @@ import pandas as pd
 
 from analysis.compare import paired_gains, summarize
 from analysis.load import load_alerts, load_cells, load_metrics, load_samples
-from analysis.plots import role_curves, roles_of
+from analysis.plots import names_of, role_curves
 from analysis.workflow_metrics import agent_rows, workflow_rows
 from reports.render import esc, image, kv_table, md_code, md_table, page, table, write
 
@@ -38,17 +38,13 @@ def _baseline_gain(run: Path) -> Optional[dict]:
     return None if row.empty else row.iloc[0].to_dict()
 
 
-def policies_of(metrics: pd.DataFrame) -> List[str]:
-    return sorted({c.split("/")[1] for c in metrics.columns
-                   if c.startswith("policy/") and c.count("/") == 2 and c.endswith("/drift")})
-
-
 def early_late(metrics: pd.DataFrame, kind: str = "role") -> pd.DataFrame:
     """Per role (or per policy: kind="policy"), the mean of each metric over the first and the last
     10% of steps."""
     n = max(1, len(metrics) // 10)
     early, late = metrics.head(n), metrics.tail(n)
-    names, columns = (roles_of(metrics), ROLE_COLUMNS) if kind == "role" else (policies_of(metrics), POLICY_COLUMNS)
+    names = names_of(metrics, kind, "response_length" if kind == "role" else "drift")
+    columns = ROLE_COLUMNS if kind == "role" else POLICY_COLUMNS
     rows = []
     for name in names:
         row = {kind: name}

@@ -192,6 +192,11 @@ def lr_spike(algo, step: int) -> float:
     return algo.lr_spike_factor if inside else 1.0
 
 
+def step_lr(algo, total_steps: int, step: int) -> float:
+    """The learning rate of training step `step`: the schedule's, times the induced spike."""
+    return algo.lr * lr_multiplier(algo, total_steps, step) * lr_spike(algo, step)
+
+
 def lr_multiplier(algo, total_steps: int, step: int) -> float:
     """verl's LR schedule (constant or cosine, linear warm-up) at training step `step`; verl steps its
     scheduler once per training step."""

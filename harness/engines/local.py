@@ -19,7 +19,7 @@ from harness.algo.loss import BatchNorm, ClipConfig, aggregate, kl_to_reference,
 from harness.config import kl_beta
 from harness.engines.adapters import attach_adapters
 from harness.engines.base import (MiniBatch, UpdateResult, clip_coefficients, coherence_lr_scale, finish_update,
-                                  lr_multiplier, lr_spike, measure_kl, record_minibatch, record_step, update_plan)
+                                  measure_kl, record_minibatch, record_step, step_lr, update_plan)
 from harness.engines.logprobs import ResponseLogProbs, response_log_probs
 from harness.engines.sampling import generate_grouped, sample_repeated
 from harness.instrument.probe import GradientProbe
@@ -201,7 +201,7 @@ class LocalEngine:
             probe = GradientProbe()
         plan = update_plan(samples, algo, self.seed, step)
         policies = [p for p in self.policies if p in plan]
-        lr = algo.lr * lr_multiplier(algo, self.cfg.steps, step) * lr_spike(algo, step)  # set on each optimizer step
+        lr = step_lr(algo, self.cfg.steps, step)  # set on each optimizer step below
         # on-policy rows (the first mini-batch, before any step) take their old log-probs from their own
         # forward; every other row gets one forward under the behaviour weights now, as verl does
         first = {id(t) for p in policies for t in plan[p][0].turns}

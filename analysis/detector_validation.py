@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import pandas as pd
 import yaml
@@ -25,6 +25,9 @@ import yaml
 from analysis.labels import FailureLabel, LabelConfig, label_records
 from analysis.load import find_runs
 from harness.logging import read_jsonl
+
+if TYPE_CHECKING:
+    from harness.config import MonitorConfig
 
 # which failures each detector is an early warning of
 TARGETS: Dict[str, Tuple[str, ...]] = {"amplification": ("collapse",), "collapse": ("collapse",),
@@ -53,16 +56,15 @@ def arm_of(cfg: dict) -> str:
     return f"{head}{tail} ({cfg.get('task', '?')}, {cfg.get('scale', '?')})"
 
 
-def replayed_alerts(run: Path, cell: dict) -> List[dict]:
-    """The alerts today's detectors (default settings) raise on a run's logged metrics, as they
-    would have live: the reference run is the paired single-agent run of the same sweep directory
-    (the grid's id for it), the role -> policy map from status.json. For re-scoring a
-    sweep after the detectors changed; the run's own alerts.jsonl stays as it was."""
+def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
+    """The detectors' context of a logged run, as it was live: default settings with the paired
+    single-agent run of the same sweep directory (the grid's id for it) as the amplification
+    reference, and the role -> policy map from status.json."""
     from harness.config import MonitorConfig
-    from harness.monitors import Monitor
 
     from grid.expand import cell_id
 
+    cell = yaml.safe_load((run / "cell.yaml").read_text()) or {}
     monitors = MonitorConfig()
     task_axis = (cell.get("extra") or {}).get("task_axis", cell.get("task"))
     paired = run.parent / cell_id({"topology": "single", "task": task_axis, "scale": cell.get("scale"),
@@ -77,7 +79,16 @@ def replayed_alerts(run: Path, cell: dict) -> List[dict]:
             role_policies.setdefault(role, [])
             if policy not in role_policies[role]:
                 role_policies[role].append(policy)
-    monitor = Monitor(monitors, role_policies)
+    return monitors, role_policies
+
+
+def replayed_alerts(run: Path) -> List[dict]:
+    """The alerts today's detectors (default settings) raise on a run's logged metrics, as they
+    would have live (replay_setup). For re-scoring a sweep after the detectors changed; the run's
+    own alerts.jsonl stays as it was."""
+    from harness.monitors import Monitor
+
+    monitor = Monitor(*replay_setup(run))
     return [a.record() for record in read_jsonl(run / "metrics.jsonl") for a in monitor.observe(record)]
 
 
@@ -90,7 +101,7 @@ def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False
     for run in find_runs(sweep):
         cell = yaml.safe_load((run / "cell.yaml").read_text()) or {}
         first: Dict[str, int] = {}
-        for alert in (replayed_alerts(run, cell) if replay else read_jsonl(run / "alerts.jsonl")):
+        for alert in (replayed_alerts(run) if replay else read_jsonl(run / "alerts.jsonl")):
             kind, step = alert.get("kind"), alert.get("step")
             if kind in TARGETS and isinstance(step, int) and (until is None or step < until) \
                     and (kind not in first or step < first[kind]):

@@ -1,10 +1,15 @@
-"""`python -m reports.detectors <sweep dir> [--replay] [--steps N]`: the detector-validation report of a sweep.
+"""`python -m reports.detectors <sweep dir> [--replay] [--steps N] [--thresholds] [--design <sweep dir>]`:
+the detector-validation report of a sweep.
 
 --replay scores the alerts today's detectors (default settings) raise on the logged metrics
 instead of the alerts the runs wrote (for a sweep run before the detectors changed).
 --steps N scores only each run's first N steps (labels and alerts), as if the sweep had stopped
 there: whether a cell "failed" depends on how long it was watched, so one long sweep gives the
 figures at several horizons. The report goes to <sweep>/report/detectors-N.* then.
+--thresholds adds each detector's operating curve: its figures at a grid of threshold settings,
+replayed on the logged metrics (analysis/operating_curve.py). The best of them is tuned on the
+cells it is scored on, so --design <sweep dir> also chooses each detector's setting on another
+(design) sweep and scores that choice on this one: the held-out figures.
 
 Per detector: recall (failing cells where it fired at or before the failure), median lead in
 steps, false-positive rate on cells that did not fail; per arm: the failure rate with its 95%
@@ -16,12 +21,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from analysis.detector_validation import (BAR, TARGETS, arm_failure_rates, cell_table, detector_scores,
+from analysis.detector_validation import (BAR, TARGETS, RunOutcome, arm_failure_rates, cell_table, detector_scores,
                                           mitigation_effects, outcomes, seeds_of)
 from analysis.labels import LabelConfig
 from analysis.load import load_alerts, load_metrics
+from analysis.operating_curve import GRID, held_out, load_cells, shown, summary_line
+from analysis.operating_curve import curve as operating_curve
 from analysis.plots import failure_curve
 from reports.render import esc, image, md_table, page, table, write
 
@@ -29,11 +36,16 @@ MAX_CURVES = 4
 
 
 def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False,
-                          until: Optional[int] = None) -> Path:
+                          until: Optional[int] = None, thresholds: bool = False, design: Optional[Path] = None,
+                          grids: Optional[Dict[str, Dict[str, list]]] = None) -> Path:
+    """`grids` replaces analysis.operating_curve.GRID per detector (tests use small ones)."""
     sweep = Path(sweep)
     results = outcomes(sweep, cfg, replay, until)
     if not results:
         raise FileNotFoundError(f"{sweep} holds no run directories (with cell.yaml)")
+    design_results = outcomes(Path(design), cfg, until=until) if design is not None else None
+    if design is not None and not design_results:
+        raise FileNotFoundError(f"the design sweep {design} holds no run directories (with cell.yaml)")
     out = sweep / "report"
     name = "detectors" if until is None else f"detectors-{until}"
     scores, arms, cells = detector_scores(results), arm_failure_rates(results), cell_table(results)
@@ -80,10 +92,40 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
           md_table(scores), "", bar, "", "## Failure rate per arm (95% Wilson interval)", "", md_table(arms), ""]
     if len(effects):
         md += ["## Mitigations against the same arm without", "", md_table(effects), ""]
+    if thresholds or design is not None:
+        html_part, md_part = threshold_sections(results, design_results, design, until, grids or {})
+        body[body.index("<h2>Cells</h2>"):body.index("<h2>Cells</h2>")] = html_part
+        md += md_part
     md += ["## Cells", "", md_table(cells), ""]
     md += [f"![{p.stem}]({p.name})" for p in curves] + ["", f"Failure labels: {settings}."]
     write(out / f"{name}.md", "\n".join(md))
     return out / f"{name}.html"
+
+
+def threshold_sections(results: List[RunOutcome], design_results: Optional[List[RunOutcome]],
+                       design: Optional[Path], until: Optional[int], grids: Dict[str, Dict[str, list]]
+                       ) -> Tuple[List[str], List[str]]:
+    """The operating curves on this sweep and, with a design sweep, the held-out choice (HTML, Markdown)."""
+    cells = load_cells(results, until)
+    intro = ("Each detector replayed on the logged metrics at every setting of a grid (the frontier: the "
+             "settings no other beats on recall, lead and false positives at once, and the default). The best "
+             "row is tuned on the cells it is scored on, an optimistic bound: if no setting meets the bar here, "
+             "no threshold of this detector will on these failures.")
+    html, md = ["<h2>Operating curves (replayed)</h2>", f"<p>{esc(intro)}</p>"], ["## Operating curves (replayed)", "",
+                                                                                  intro, ""]
+    for kind in GRID:
+        frame = operating_curve(kind, cells, grids.get(kind))
+        line = summary_line(kind, frame)
+        html += [f"<h3>{esc(kind)}</h3>", f"<p>{esc(line)}</p>", table(shown(frame))]
+        md += [f"### {kind}", "", line, "", md_table(shown(frame)), ""]
+    if design_results is not None:
+        chosen = held_out(list(GRID), load_cells(design_results, until), cells, grids)
+        text = (f"Each detector's setting chosen on the design sweep {design} (the one closest to the bar there: "
+                "the most of its criteria met, then recall, lead, false positives), scored on this sweep's cells, "
+                "which did not choose it. Figures: recall / median lead / false-positive rate.")
+        html += ["<h2>Held out: settings chosen on a design sweep</h2>", f"<p>{esc(text)}</p>", table(chosen)]
+        md += ["## Held out: settings chosen on a design sweep", "", text, "", md_table(chosen), ""]
+    return html, md
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -98,11 +140,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: --steps needs a whole number of steps >= 1, got {value!r}", file=sys.stderr)
             return 2
         until, argv = int(value), argv[:at] + argv[at + 2:]
+    thresholds = "--thresholds" in argv
+    argv = [a for a in argv if a != "--thresholds"]
+    design = None
+    if "--design" in argv:
+        at = argv.index("--design")
+        if at + 1 >= len(argv):
+            print("error: --design needs the design sweep's directory", file=sys.stderr)
+            return 2
+        design, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2:]
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
-        path = build_detector_report(Path(argv[0]), replay=replay, until=until)
+        path = build_detector_report(Path(argv[0]), replay=replay, until=until, thresholds=thresholds, design=design)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

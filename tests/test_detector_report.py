@@ -6,11 +6,13 @@ import math
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from analysis.detector_validation import (arm_failure_rates, detector_scores, meets_bar, mitigation_effects, newcombe,
                                           outcomes, wilson)
 from analysis.labels import capture_labels, contract_labels
+from analysis.operating_curve import choose, curve, default_setting, first_alert, held_out, load_cells, shown, summary_line
 from harness.logging import read_jsonl
 from tests.conftest import REPO
 from tests.test_analysis_reports import _open_in_chromium
@@ -145,6 +147,9 @@ def test_a_slice_of_the_repro_sweep_runs_and_is_scored(tmp_path, warm_model_dir)
     results = outcomes(tmp_path / "repro")
     replayed = outcomes(tmp_path / "repro", replay=True)  # today's detectors on the logged metrics: the same alerts
     assert [r.first_alert for r in replayed] == [r.first_alert for r in results]
+    for cell in load_cells(results):  # the operating curve's replay of one detector at its defaults: the same too
+        for kind in ("amplification", "capture", "length_drift", "collapse"):
+            assert first_alert(kind, default_setting(kind), cell) == cell.outcome.first_alert.get(kind)
     assert sorted(r.cell_id for r in results) == ["single-math-tiny-m-s0", "voting-ip-math-tiny-m-s0-mitigation=none"]
     for r in results:  # labels come from the run's own validation curve
         validations = [m for m in read_jsonl(r.run_dir / "metrics.jsonl") if "val/accuracy" in m]
@@ -175,3 +180,73 @@ def test_mitigated_arms_are_compared_with_the_same_arm_without(tmp_path):
     [row] = mitigation_effects(outcomes(sweep)).to_dict("records")
     assert row["arm"].startswith("voting-ip mitigation=role_count_scaling") and row["failed"] == "1/5"
     assert row["without mitigation"] == "5/5" and row["difference"] == -0.8 and row["verdict"] == "lower"
+
+
+def test_operating_curves_replay_each_setting_on_the_logged_metrics(sweep):
+    """On the constructed sweep, collapse at its default patience (2 validations) confirms each
+    collapse one validation late; with patience 1 it fires at the label's step: recall 1, lead 0,
+    still short of the bar, which the curve's summary says."""
+    root = sweep[0]
+    cells = load_cells(outcomes(root))
+    frame = curve("collapse", cells).set_index("setting")
+    assert len(frame) == 3 * 3 * 2 and frame["default"].sum() == 1
+    default = frame[frame["default"]].iloc[0]
+    assert default["recall"] == 0.0 and default["caught in time"] == 0
+    quick = frame.loc["fraction=0.7 se=2 patience=1"]
+    assert (quick["recall"], quick["median lead (steps)"], quick["false-positive rate"]) == (1.0, 0.0, 0.0)
+    assert quick["on the frontier"] and not default["on the frontier"]  # patience 1 beats it on recall
+    table = shown(frame.reset_index())  # one row per distinct figures on the frontier, plus the default
+    assert table["default"].sum() == 1 and len(table) == len(set(zip(table["recall"], table["false-positive rate"],
+                                                                      table["median lead (steps)"].fillna(-1))))
+    assert table["settings alike"].sum() <= len(frame) and table.iloc[0]["recall"] == 1.0
+    assert summary_line("collapse", frame.reset_index()).startswith("collapse: 0 of 18 settings meet the bar")
+    assert "longest median lead at recall >= 0.8 and false positives <= 0.1 is 0 steps" in \
+        summary_line("collapse", frame.reset_index())
+    # length_drift: the healthy SP cell's aggregator never moves, so no z threshold fires on it
+    drift = curve("length_drift", cells)
+    healthy_sp = [c for c in cells if c.outcome.cell_id == "voting-sp-arith-tiny-m-s1"][0]
+    assert all(first_alert("length_drift", s, healthy_sp) is None for s in drift["_setting"])
+    assert first_alert("length_drift", {"z_threshold": 2.0, "patience": 1},
+                       [c for c in cells if c.outcome.cell_id == "voting-sp-arith-tiny-m-s0"][0]) > 50
+
+
+def test_a_setting_chosen_on_a_design_sweep_is_scored_on_the_held_out_one(sweep, tmp_path):
+    """The choice is made on the design cells only: collapse's patience-1 setting, chosen there, is
+    scored on a held-out sweep whose one collapse (step 20) it catches at 20 and whose healthy cell
+    it leaves alone; its defaults confirm late (recall 0)."""
+    design = sweep[0]
+    test = tmp_path / "test"
+    _run(test, "voting-ip-arith-tiny-m-s7", "voting", "ip", 7,
+         _with_validations(_stream(120, **STEADY), [0.5, 0.6, 0.2, 0.1] + [0.1] * 8), [])
+    _run(test, "single-arith-tiny-m-s7", "single", "sp", 7, _with_validations(_stream(120, **STEADY), [0.5] * 12), [])
+    chosen = held_out(["collapse"], load_cells(outcomes(design)), load_cells(outcomes(test))).iloc[0]
+    assert "patience=1" in chosen["chosen on the design sweep"]
+    assert chosen["design"] == "1.00 / 0 / 0.000" and chosen["held out"] == "1.00 / 0 / 0.000"
+    assert chosen["held out, defaults"] == "0.00 / – / 0.000"
+    assert chosen["held out: meets the bar"] == "no: lead 0 < 10"
+    proc = subprocess.run([sys.executable, "-m", "reports.detectors", str(test), "--design", str(design)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    md = (test / "report" / "detectors.md").read_text()
+    assert "## Operating curves (replayed)" in md and "### capture" in md
+    assert "## Held out: settings chosen on a design sweep" in md and "| collapse " in md
+    assert "capture: not measurable on these cells" in md  # the held-out sweep has no capture to warn of
+    assert md.index("## Held out") < md.index("## Cells")
+    bad = subprocess.run([sys.executable, "-m", "reports.detectors", str(test), "--design"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--design needs the design sweep's directory" in bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "reports.detectors", str(test), "--design", str(tmp_path / "no")],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "design sweep" in missing.stderr and "holds no run directories" in missing.stderr
+
+
+def test_choosing_ranks_the_bar_first_then_recall_lead_and_fewer_false_positives():
+    def row(setting, recall, lead, fpr, default=False):
+        return {"setting": setting, "recall": recall, "median lead (steps)": lead, "false-positive rate": fpr,
+                "default": default}
+    rows = [row("a", 1.0, 3.0, 0.0, default=True), row("b", 0.8, 12.0, 0.05), row("c", 0.8, 12.0, 0.2),
+            row("d", 0.9, 30.0, 0.5)]
+    assert choose(pd.DataFrame(rows))["setting"] == "b"  # the only one meeting all three criteria
+    assert choose(pd.DataFrame(rows[:1] + rows[2:]))["setting"] == "a"  # 2 met; more recall than c
+    tie = [row("x", 0.5, float("nan"), 0.0), row("y", 0.5, float("nan"), 0.0, default=True)]
+    assert choose(pd.DataFrame(tie))["setting"] == "y"  # alike: the default stands

@@ -83,7 +83,9 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
             "<h2>Failure rate per arm (95% Wilson interval)</h2>", table(arms)]
     if len(effects):
         body += ["<h2>Mitigations against the same arm without</h2>", table(effects)]
-    body += ["<h2>Cells</h2>", table(cells)]
+    html_part, md_part = ([], []) if not (thresholds or design is not None) else \
+        threshold_sections(results, design_results, design, until, grids or {})
+    body += html_part + ["<h2>Cells</h2>", table(cells)]
     if curves:
         body += ["<h2>Failing cells</h2>"] + [image(p, p.stem) for p in curves]
     body += [f"<p class=\"muted\">Failure labels: {esc(settings)} (analysis/labels.py).</p>"]
@@ -92,10 +94,7 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
           md_table(scores), "", bar, "", "## Failure rate per arm (95% Wilson interval)", "", md_table(arms), ""]
     if len(effects):
         md += ["## Mitigations against the same arm without", "", md_table(effects), ""]
-    if thresholds or design is not None:
-        html_part, md_part = threshold_sections(results, design_results, design, until, grids or {})
-        body[body.index("<h2>Cells</h2>"):body.index("<h2>Cells</h2>")] = html_part
-        md += md_part
+    md += md_part
     md += ["## Cells", "", md_table(cells), ""]
     md += [f"![{p.stem}]({p.name})" for p in curves] + ["", f"Failure labels: {settings}."]
     write(out / f"{name}.md", "\n".join(md))

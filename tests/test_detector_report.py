@@ -231,6 +231,9 @@ def test_a_setting_chosen_on_a_design_sweep_is_scored_on_the_held_out_one(sweep,
     assert "## Operating curves (replayed)" in md and "### capture" in md
     assert "## Held out: settings chosen on a design sweep" in md and "| collapse " in md
     assert "capture: not measurable on these cells" in md  # the held-out sweep has no capture to warn of
+    assert "<h2>Operating curves (replayed)</h2>" in (test / "report" / "detectors.html").read_text()
+    seen = _open_in_chromium((test / "report" / "detectors.html").as_uri(), tmp_path / "thresholds.png")
+    assert not seen["errors"] and not seen["dialogs"]
     assert md.index("## Held out") < md.index("## Cells")
     bad = subprocess.run([sys.executable, "-m", "reports.detectors", str(test), "--design"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)

@@ -3,8 +3,9 @@
 Each run gets its objective failure labels (analysis/labels.py, computed after the fact from its
 metrics; the detectors never saw them). A detector is scored against the failures it is meant to
 warn of (`TARGETS`): on failing cells, **recall** is the share where its first alert came at or
-before the failure step and **lead** the steps between them; on cells with no failure at all,
-the **false-positive rate** is the share where it fired anyway. Per arm (a cell's settings less
+before the failure step and **lead** the steps between them; on cells with no failure at all
+that it can fire on (`watched_by`: a single agent has no multi-instance policy to amplify), the
+**false-positive rate** is the share where it fired anyway. Per arm (a cell's settings less
 its seed) the failure rate comes with a 95% Wilson interval, and each mitigated arm is compared
 with the same settings unmitigated (difference of failure rates, Newcombe 95% interval). `BAR` is
 the detector issue's validation bar (recall >= 0.8, median lead >= 10 steps, false positives <= 0.1).
@@ -14,10 +15,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 import pandas as pd
 import yaml
@@ -41,6 +42,7 @@ class RunOutcome:
     arm: str
     labels: List[FailureLabel]
     first_alert: Dict[str, int]  # detector kind -> first step it fired
+    watched: Set[str] = field(default_factory=lambda: set(TARGETS))  # detectors with something to watch here
 
     def failure_step(self, kinds: Tuple[str, ...]) -> Optional[int]:
         steps = [label.step for label in self.labels if label.kind in kinds]
@@ -92,6 +94,27 @@ def replayed_alerts(run: Path) -> List[dict]:
     return [a.record() for record in read_jsonl(run / "metrics.jsonl") for a in monitor.observe(record)]
 
 
+def watched_by(records: List[dict]) -> Set[str]:
+    """The detectors that can fire on a run at all, from what its metrics hold: amplification needs a
+    policy trained by >= 2 role instances, capture two roles, length_drift a short-contract role,
+    collapse validations. A cell built so that a detector cannot fire (a single agent, one adapter
+    per instance) is silent by construction: counting it as a true negative would lower the
+    false-positive rate by how the sweep is composed, not by what the detector does."""
+    from harness.config import MonitorConfig
+
+    roles = {k.split("/")[1] for r in records for k in r if k.startswith("role/") and k.count("/") == 2
+             and k.endswith("/response_length")}
+    kinds = {"collapse"} if any("val/accuracy" in r for r in records) else set()
+    if any(k.startswith("policy/") and k.endswith("/instances") and isinstance(v, (int, float)) and v >= 2
+           for r in records for k, v in r.items()):
+        kinds.add("amplification")
+    if len(roles) >= 2:
+        kinds.add("capture")
+    if roles & set(MonitorConfig().drift.roles):
+        kinds.add("length_drift")
+    return kinds
+
+
 def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False,
              until: Optional[int] = None) -> List[RunOutcome]:
     """Every run's labels and first alerts; with `until`, only its steps below `until` count, as
@@ -110,7 +133,7 @@ def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False
         if until is not None:
             records = [r for r in records if isinstance(r.get("step"), int) and r["step"] < until]
         results.append(RunOutcome(run, cell.get("cell_id") or run.name, arm_of(cell), label_records(records, cfg),
-                                  first))
+                                  first, watched_by(records) | set(first)))
     return results
 
 
@@ -185,12 +208,14 @@ def detector_scores(results: List[RunOutcome]) -> pd.DataFrame:
         failing = [r for r in results if r.failure_step(targets) is not None]
         leads = [r.failure_step(targets) - r.first_alert[kind] for r in failing
                  if kind in r.first_alert and r.first_alert[kind] <= r.failure_step(targets)]
-        false = sum(kind in r.first_alert for r in healthy)
+        watching = [r for r in healthy if kind in r.watched]
+        false = sum(kind in r.first_alert for r in watching)
         rows.append({"detector": kind, "warns of": ", ".join(targets), "failing cells": len(failing),
                      "caught in time": len(leads), "recall": len(leads) / len(failing) if failing else float("nan"),
                      "median lead (steps)": median(leads) if leads else float("nan"),
-                     "healthy cells": len(healthy), "fired on healthy": false,
-                     "false-positive rate": false / len(healthy) if healthy else float("nan")})
+                     "healthy cells": len(watching), "fired on healthy": false,
+                     "false-positive rate": false / len(watching) if watching else float("nan"),
+                     "healthy, silent by construction": len(healthy) - len(watching)})
         rows[-1]["meets the bar"] = meets_bar(rows[-1])
     return pd.DataFrame(rows)
 

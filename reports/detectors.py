@@ -79,7 +79,9 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
             "<h2>Detectors against the failure labels</h2>", table(scores),
             "<p class=\"muted\">recall: failing cells (with a failure the detector warns of) where its first alert "
             "came at or before the failure step; lead: steps from that alert to the failure; false-positive rate: "
-            "cells without any failure label where it fired.</p>", f"<p>{esc(bar)}</p>",
+            "cells without any failure label that it can fire on where it fired (cells where it cannot: "
+            "amplification without a policy trained by two role instances, capture with one role, length drift "
+            "without a short-contract role, are counted apart as silent by construction).</p>", f"<p>{esc(bar)}</p>",
             "<h2>Failure rate per arm (95% Wilson interval)</h2>", table(arms)]
     if len(effects):
         body += ["<h2>Mitigations against the same arm without</h2>", table(effects)]

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis.detector_validation import (arm_failure_rates, detector_scores, meets_bar, mitigation_effects, newcombe,
-                                          outcomes, wilson)
+                                          outcomes, watched_by, wilson)
 from analysis.labels import capture_labels, contract_labels
 from analysis.operating_curve import choose, curve, default_setting, first_alert, held_out, load_cells, shown, summary_line
 from harness.logging import read_jsonl
@@ -22,6 +22,9 @@ from tests.test_labels import _stream, validations
 def _run(sweep, cell_id, topology, sharing, seed, records, alerts):
     run = sweep / cell_id
     run.mkdir(parents=True)
+    if topology != "single":  # the policy the voters train: 3 instances (IP) or every role (SP)
+        records = [{**r, f"policy/{'voter' if sharing == 'ip' else 'shared'}/instances": 3 if sharing == "ip" else 4}
+                   for r in records]
     (run / "cell.yaml").write_text(f"cell_id: {cell_id}\ntopology: {topology}\nsharing: {sharing}\nseed: {seed}\n"
                                    f"task: arith\nscale: tiny-m\nextra: {{task_axis: math}}\n")
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -68,6 +71,8 @@ def test_scores_are_what_the_constructed_sweep_holds(sweep):
     amp = scores.loc["amplification"]
     assert (amp["failing cells"], amp["caught in time"], amp["recall"]) == (2, 1, 0.5)
     assert amp["median lead (steps)"] == 30 - 12 and amp["false-positive rate"] == 0.0
+    # the single agent has no policy trained by two instances: silent by construction, not a true negative
+    assert (amp["healthy cells"], amp["healthy, silent by construction"]) == (1, 1)
     assert scores.loc["collapse", "recall"] == 0.0  # it fired at 40, after the failure at 30
     assert scores.loc["capture", "recall"] == 1.0 and scores.loc["capture", "median lead (steps)"] == capture_step - 60
     drift = scores.loc["length_drift"]
@@ -253,3 +258,13 @@ def test_choosing_ranks_the_bar_first_then_recall_lead_and_fewer_false_positives
     assert choose(pd.DataFrame(rows[:1] + rows[2:]))["setting"] == "a"  # 2 met; more recall than c
     tie = [row("x", 0.5, float("nan"), 0.0), row("y", 0.5, float("nan"), 0.0, default=True)]
     assert choose(pd.DataFrame(tie))["setting"] == "y"  # alike: the default stands
+
+
+def test_a_cell_built_so_that_a_detector_cannot_fire_is_not_counted_as_its_true_negative():
+    voter = {"role/voter/response_length": 6.0, "role/aggregator/response_length": 2.0}
+    ip = {"step": 0, **voter, "policy/voter/instances": 3, "policy/aggregator/instances": 1, "val/accuracy": 0.5}
+    one_each = {"step": 0, **voter, **{f"policy/voter_{i}/instances": 1 for i in range(3)}}
+    single = {"step": 0, "role/solver/response_length": 30.0, "policy/shared/instances": 1, "val/accuracy": 0.5}
+    assert watched_by([ip]) == {"amplification", "capture", "length_drift", "collapse"}
+    assert watched_by([one_each]) == {"capture", "length_drift"}  # one adapter per voter: nothing to amplify
+    assert watched_by([single]) == {"collapse"}

@@ -12,13 +12,16 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import pandas as pd
 
 from analysis.detector_validation import BAR, RunOutcome, detector_scores, replay_setup
 from harness.logging import read_jsonl
 from harness.monitors.detectors import DETECTORS
+
+if TYPE_CHECKING:
+    from harness.config import MonitorConfig
 
 # the settings tried per detector (its MonitorConfig field's names); the defaults are added where missing
 GRID: Dict[str, Dict[str, List[Any]]] = {
@@ -40,7 +43,7 @@ class ReplayCell:
 
     outcome: RunOutcome
     records: List[dict]
-    monitors: Any  # MonitorConfig with the paired reference run set
+    monitors: MonitorConfig  # defaults, with the paired reference run set
     role_policies: Dict[str, List[str]]
 
 

@@ -215,6 +215,7 @@ def detector_scores(results: List[RunOutcome]) -> pd.DataFrame:
                      "median lead (steps)": median(leads) if leads else float("nan"),
                      "healthy cells": len(watching), "fired on healthy": false,
                      "false-positive rate": false / len(watching) if watching else float("nan"),
+                     "false-positive 95% CI": "[{:.2f}, {:.2f}]".format(*wilson(false, len(watching))),
                      "healthy, silent by construction": len(healthy) - len(watching)})
         rows[-1]["meets the bar"] = meets_bar(rows[-1])
     return pd.DataFrame(rows)

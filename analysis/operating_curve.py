@@ -179,7 +179,7 @@ def held_out(kinds: List[str], design: List[ReplayCell], test: List[ReplayCell],
 
 
 def _triple(row) -> str:
-    lead = row["median lead (steps)"]
-    recall = "–" if math.isnan(row["recall"]) else f"{row['recall']:.2f}"
-    return (f"{recall} / {'–' if math.isnan(lead) else f'{lead:g}'} / "
-            f"{row['false-positive rate']:.3f}")
+    """recall / median lead / false-positive rate, "–" where a figure cannot be measured."""
+    recall, lead, fpr = row["recall"], row["median lead (steps)"], row["false-positive rate"]
+    return " / ".join("–" if math.isnan(value) else fmt.format(value)
+                      for value, fmt in ((recall, "{:.2f}"), (lead, "{:g}"), (fpr, "{:.3f}")))

@@ -78,6 +78,7 @@ def test_scores_are_what_the_constructed_sweep_holds(sweep):
     drift = scores.loc["length_drift"]
     assert drift["median lead (steps)"] == contract_step - 45  # it warns of both; the contract broke first
     assert (drift["healthy cells"], drift["fired on healthy"], drift["false-positive rate"]) == (2, 1, 0.5)
+    assert drift["false-positive 95% CI"] == "[0.09, 0.91]"  # 1 of 2: the rate says little on its own
     arms = arm_failure_rates(outcomes(root)).set_index("arm")
     assert arms.loc["voting-ip (arith, tiny-m)", "failure rate"] == 1.0
     assert arms.loc["voting-sp (arith, tiny-m)", "failure rate"] == 0.5

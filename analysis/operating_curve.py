@@ -129,8 +129,12 @@ def closeness_to_bar(row) -> tuple:
 
 
 def choose(frame: pd.DataFrame) -> dict:
-    """The setting closest to the bar on these cells (the design sweep's, when it is to be held out)."""
+    """The setting closest to the bar on these cells (the design sweep's, when it is to be held out).
+    Where these cells cannot measure recall or the false-positive rate (no failure it warns of, no
+    healthy cell it can fire on), nothing here can justify moving a threshold: the default stands."""
     rows = frame.to_dict("records")
+    if any(math.isnan(rows[0][figure]) for figure in ("recall", "false-positive rate")):
+        return next(row for row in rows if row["default"])
     return max(rows, key=closeness_to_bar)
 
 
@@ -172,7 +176,10 @@ def held_out(kinds: List[str], design: List[ReplayCell], test: List[ReplayCell],
         chosen = choose(curve(kind, design, grid))
         on_test = score(kind, chosen["_setting"], test)
         defaults = score(kind, default_setting(kind, grid), test)
-        rows.append({"detector": kind, "chosen on the design sweep": chosen["setting"],
+        blind = any(math.isnan(chosen[figure]) for figure in ("recall", "false-positive rate"))
+        rows.append({"detector": kind,
+                     "chosen on the design sweep": chosen["setting"] + (" (the default: the design sweep cannot "
+                                                                        "score it)" if blind else ""),
                      "design": _triple(chosen), "held out": _triple(on_test),
                      "held out, defaults": _triple(defaults), "held out: meets the bar": on_test["meets the bar"]})
     return pd.DataFrame(rows)

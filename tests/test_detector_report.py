@@ -259,6 +259,9 @@ def test_choosing_ranks_the_bar_first_then_recall_lead_and_fewer_false_positives
     assert choose(pd.DataFrame(rows[:1] + rows[2:]))["setting"] == "a"  # 2 met; more recall than c
     tie = [row("x", 0.5, float("nan"), 0.0), row("y", 0.5, float("nan"), 0.0, default=True)]
     assert choose(pd.DataFrame(tie))["setting"] == "y"  # alike: the default stands
+    # no healthy cell it can fire on: a looser setting's higher recall cannot be weighed against false alarms
+    blind = [row("loose", 1.0, 30.0, float("nan")), row("default", 0.5, 5.0, float("nan"), default=True)]
+    assert choose(pd.DataFrame(blind))["setting"] == "default"
 
 
 def test_a_cell_built_so_that_a_detector_cannot_fire_is_not_counted_as_its_true_negative():

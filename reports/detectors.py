@@ -12,7 +12,7 @@ cells it is scored on, so --design <sweep dir> also chooses each detector's sett
 (design) sweep and scores that choice on this one: the held-out figures.
 
 Per detector: recall (failing cells where it fired at or before the failure), median lead in
-steps, false-positive rate on cells that did not fail; per arm: the failure rate with its 95%
+steps, false-positive rate on cells that did not fail and that it can fire on; per arm: the failure rate with its 95%
 interval; per cell: labels and first alerts; the curves of failing cells with the alerts and the
 failure step marked. Failures are the objective labels of analysis/labels.py. Written to
 <sweep>/report/detectors.html (self-contained) and detectors.md (+ PNGs).
@@ -38,7 +38,7 @@ MAX_CURVES = 4
 def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False,
                           until: Optional[int] = None, thresholds: bool = False, design: Optional[Path] = None,
                           grids: Optional[Dict[str, Dict[str, list]]] = None) -> Path:
-    """`grids` replaces analysis.operating_curve.GRID per detector (tests use small ones)."""
+    """`grids` replaces analysis.operating_curve.GRID per detector (a narrower or a wider search)."""
     sweep = Path(sweep)
     results = outcomes(sweep, cfg, replay, until)
     if not results:

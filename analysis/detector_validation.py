@@ -94,19 +94,21 @@ def replayed_alerts(run: Path) -> List[dict]:
     return [a.record() for record in read_jsonl(run / "metrics.jsonl") for a in monitor.observe(record)]
 
 
-def watched_by(records: List[dict]) -> Set[str]:
+def watched_by(records: List[dict], paired_reference: bool = False) -> Set[str]:
     """The detectors that can fire on a run at all, from what its metrics hold: amplification needs a
-    policy trained by >= 2 role instances, capture two roles, length_drift a short-contract role,
-    collapse validations. A cell built so that a detector cannot fire (a single agent, one adapter
-    per instance) is silent by construction: counting it as a true negative would lower the
+    policy trained by >= 2 role instances and something to compare it with (the paired single-agent
+    run, else a one-instance policy in the cell), capture two roles, length_drift a short-contract
+    role, collapse validations. A cell built so that a detector cannot fire (a single agent, one
+    adapter per instance) is silent by construction: counting it as a true negative would lower the
     false-positive rate by how the sweep is composed, not by what the detector does."""
     from harness.config import MonitorConfig
 
     roles = {k.split("/")[1] for r in records for k in r if k.startswith("role/") and k.count("/") == 2
              and k.endswith("/response_length")}
-    kinds = {"collapse"} if any("val/accuracy" in r for r in records) else set()
-    if any(k.startswith("policy/") and k.endswith("/instances") and isinstance(v, (int, float)) and v >= 2
-           for r in records for k, v in r.items()):
+    kinds = {"collapse"} if any(isinstance(r.get("val/accuracy"), (int, float)) for r in records) else set()
+    instances = [v for r in records for k, v in r.items()
+                 if k.startswith("policy/") and k.endswith("/instances") and isinstance(v, (int, float))]
+    if any(n >= 2 for n in instances) and (paired_reference or any(n < 2 for n in instances)):
         kinds.add("amplification")
     if len(roles) >= 2:
         kinds.add("capture")
@@ -132,8 +134,9 @@ def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False
         records = read_jsonl(run / "metrics.jsonl")
         if until is not None:
             records = [r for r in records if isinstance(r.get("step"), int) and r["step"] < until]
+        paired = replay_setup(run)[0].amplification.reference_run is not None
         results.append(RunOutcome(run, cell.get("cell_id") or run.name, arm_of(cell), label_records(records, cfg),
-                                  first, watched_by(records) | set(first)))
+                                  first, watched_by(records, paired) | set(first)))
     return results
 
 

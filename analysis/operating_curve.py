@@ -159,11 +159,12 @@ SHOWN = ["setting", "default", "settings alike", "recall", "median lead (steps)"
 def shown(frame: pd.DataFrame) -> pd.DataFrame:
     """The frontier and the default, best recall first, one row per distinct set of figures (the
     default's, or the first, standing for the settings alike): the rest is beaten on every figure."""
-    part = frame[frame["on the frontier"] | frame["default"]].copy()
-    part["_figures"] = [_figures(row) for row in part.to_dict("records")]
-    part["settings alike"] = part.groupby("_figures")["setting"].transform("size")
-    part = part.sort_values("default", ascending=False).drop_duplicates("_figures")
-    return part.sort_values(["recall", "median lead (steps)"], ascending=False)[SHOWN]
+    frame = frame.copy()
+    frame["_figures"] = [_figures(row) for row in frame.to_dict("records")]
+    frame["settings alike"] = frame.groupby("_figures")["setting"].transform("size")
+    part = frame[frame["on the frontier"] | frame["default"]]
+    part = part.sort_values("default", ascending=False, kind="stable").drop_duplicates("_figures")
+    return part.sort_values(["recall", "median lead (steps)"], ascending=False, kind="stable")[SHOWN]
 
 
 def held_out(kinds: List[str], design: List[ReplayCell], test: List[ReplayCell],

@@ -35,6 +35,10 @@ from reports.render import esc, image, md_table, page, table, write
 MAX_CURVES = 4
 
 
+class NotHeldOut(Exception):
+    """The design sweep shares runs with the sweep it is to be scored on."""
+
+
 def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False,
                           until: Optional[int] = None, thresholds: bool = False, design: Optional[Path] = None,
                           grids: Optional[Dict[str, Dict[str, list]]] = None) -> Path:
@@ -46,6 +50,11 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
     design_results = outcomes(Path(design), cfg, until=until) if design is not None else None
     if design is not None and not design_results:
         raise FileNotFoundError(f"the design sweep {design} holds no run directories (with cell.yaml)")
+    if design_results:
+        shared = {r.run_dir.resolve() for r in results} & {r.run_dir.resolve() for r in design_results}
+        if shared:
+            raise NotHeldOut(f"the design sweep {design} shares {len(shared)} run(s) with {sweep} (e.g. "
+                             f"{sorted(shared)[0].name}): figures chosen on them would not be held out")
     out = sweep / "report"
     name = "detectors" if until is None else f"detectors-{until}"
     scores, arms, cells = detector_scores(results), arm_failure_rates(results), cell_table(results)
@@ -144,6 +153,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     thresholds = "--thresholds" in argv
     argv = [a for a in argv if a != "--thresholds"]
     design = None
+    argv = [part for a in argv for part in (a.split("=", 1) if a.startswith("--design=") else [a])]
     if "--design" in argv:
         at = argv.index("--design")
         if at + 1 >= len(argv):
@@ -155,7 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
         path = build_detector_report(Path(argv[0]), replay=replay, until=until, thresholds=thresholds, design=design)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, NotHeldOut) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(path)

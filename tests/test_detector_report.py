@@ -12,7 +12,7 @@ import pytest
 from analysis.detector_validation import (arm_failure_rates, detector_scores, meets_bar, mitigation_effects, newcombe,
                                           outcomes, watched_by, wilson)
 from analysis.labels import capture_labels, contract_labels
-from analysis.operating_curve import choose, curve, default_setting, first_alert, held_out, load_cells, shown, summary_line
+from analysis.operating_curve import _dominates, choose, curve, default_setting, first_alert, held_out, load_cells, shown, summary_line
 from harness.logging import read_jsonl
 from tests.conftest import REPO
 from tests.test_analysis_reports import _open_in_chromium
@@ -26,7 +26,7 @@ def _run(sweep, cell_id, topology, sharing, seed, records, alerts):
         records = [{**r, f"policy/{'voter' if sharing == 'ip' else 'shared'}/instances": 3 if sharing == "ip" else 4}
                    for r in records]
     (run / "cell.yaml").write_text(f"cell_id: {cell_id}\ntopology: {topology}\nsharing: {sharing}\nseed: {seed}\n"
-                                   f"task: arith\nscale: tiny-m\nextra: {{task_axis: math}}\n")
+                                   f"task: arith\nscale: tiny-m\nextra: {{task_axis: arith}}\n")
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (run / "alerts.jsonl").write_text("".join(json.dumps({"step": s, "kind": k, "role": None, "policy": None,
                                                           "value": 1.0, "threshold": 1.0, "message": k,
@@ -61,6 +61,10 @@ def sweep(tmp_path_factory):
     _run(sweep, "voting-sp-arith-tiny-m-s1", "voting", "sp", 1, _with_validations(_stream(120, **STEADY), flat),
          [(30, "length_drift")])
     _run(sweep, "single-arith-tiny-m-s0", "single", "sp", 0, _with_validations(_stream(120, **STEADY), flat), [])
+    # the paired baseline of seed 1, as a single agent logs it: one solver role, one one-instance policy
+    solo = [{"step": s, "role/solver/response_length": 30.0, "role/solver/format_ok": 1.0, "policy/shared/instances": 1}
+            for s in range(120)]
+    _run(sweep, "single-arith-tiny-m-s1", "single", "sp", 1, _with_validations(solo, flat), [])
     return sweep, capture_labels(captured)[0].step, contract_labels(captured)[0].step
 
 
@@ -71,8 +75,10 @@ def test_scores_are_what_the_constructed_sweep_holds(sweep):
     amp = scores.loc["amplification"]
     assert (amp["failing cells"], amp["caught in time"], amp["recall"]) == (2, 1, 0.5)
     assert amp["median lead (steps)"] == 30 - 12 and amp["false-positive rate"] == 0.0
-    # the single agent has no policy trained by two instances: silent by construction, not a true negative
-    assert (amp["healthy cells"], amp["healthy, silent by construction"]) == (1, 1)
+    # the single agents have no policy trained by two instances: silent by construction, not true negatives
+    assert (amp["healthy cells"], amp["healthy, silent by construction"]) == (1, 2)
+    for kind in ("capture", "length_drift"):  # nor a second role, nor a short-contract one
+        assert scores.loc[kind, "healthy, silent by construction"] == 1
     assert scores.loc["collapse", "recall"] == 0.0  # it fired at 40, after the failure at 30
     assert scores.loc["capture", "recall"] == 1.0 and scores.loc["capture", "median lead (steps)"] == capture_step - 60
     drift = scores.loc["length_drift"]
@@ -109,7 +115,7 @@ def test_a_shorter_horizon_scores_only_the_steps_before_it(sweep, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "reports.detectors", str(root), "--steps", "45"], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "5 cells, 1 with a failure label" in proc.stdout and "first 45 steps" in proc.stdout
+    assert "6 cells, 1 with a failure label" in proc.stdout and "first 45 steps" in proc.stdout
     assert (root / "report" / "detectors-45.md").is_file() and (root / "report" / "detectors-45.html").is_file()
     bad = subprocess.run([sys.executable, "-m", "reports.detectors", str(root), "--steps", "soon"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
@@ -129,7 +135,7 @@ def test_report_is_written_and_renders_in_chromium(sweep, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "reports.detectors", str(root)], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "5 cells, 3 with a failure label" in proc.stdout and "amplification" in proc.stdout
+    assert "6 cells, 3 with a failure label" in proc.stdout and "amplification" in proc.stdout
     html = root / "report" / "detectors.html"
     md = (root / "report" / "detectors.md").read_text()
     assert "| amplification |" in md and "[0.34, 1.00]" in md
@@ -181,7 +187,7 @@ def test_mitigated_arms_are_compared_with_the_same_arm_without(tmp_path):
         for mitigation, accuracies in (("none", collapse), ("role_count_scaling", flat if seed else collapse)):
             run = _run(sweep, f"voting-ip-arith-tiny-m-s{seed}-mitigation={mitigation}", "voting", "ip", seed,
                        _with_validations(_stream(120, **STEADY), accuracies), [])
-            cell = (run / "cell.yaml").read_text().replace("task_axis: math}", f"task_axis: math, mitigation: {mitigation}}}")
+            cell = (run / "cell.yaml").read_text().replace("task_axis: arith}", f"task_axis: arith, mitigation: {mitigation}}}")
             (run / "cell.yaml").write_text(cell)
     [row] = mitigation_effects(outcomes(sweep)).to_dict("records")
     assert row["arm"].startswith("voting-ip mitigation=role_count_scaling") and row["failed"] == "1/5"
@@ -204,7 +210,9 @@ def test_operating_curves_replay_each_setting_on_the_logged_metrics(sweep):
     table = shown(frame.reset_index())  # one row per distinct figures on the frontier, plus the default
     assert table["default"].sum() == 1 and len(table) == len(set(zip(table["recall"], table["false-positive rate"],
                                                                       table["median lead (steps)"].fillna(-1))))
-    assert table["settings alike"].sum() <= len(frame) and table.iloc[0]["recall"] == 1.0
+    alike = frame[(frame["recall"] == 1.0) & (frame["median lead (steps)"] == 0.0) & (frame["false-positive rate"] == 0.0)]
+    assert table.iloc[0]["recall"] == 1.0 and table.iloc[0]["settings alike"] == len(alike) > 1
+    assert table[table["default"]].iloc[0]["settings alike"] == (frame["recall"] == 0.0).sum()  # the default's twins
     assert summary_line("collapse", frame.reset_index()).startswith("collapse: 0 of 18 settings meet the bar")
     assert "longest median lead at recall >= 0.8 and false positives <= 0.1 is 0 steps" in \
         summary_line("collapse", frame.reset_index())
@@ -247,6 +255,9 @@ def test_a_setting_chosen_on_a_design_sweep_is_scored_on_the_held_out_one(sweep,
     missing = subprocess.run([sys.executable, "-m", "reports.detectors", str(test), "--design", str(tmp_path / "no")],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "design sweep" in missing.stderr and "holds no run directories" in missing.stderr
+    same = subprocess.run([sys.executable, "-m", "reports.detectors", str(test), f"--design={test}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert same.returncode == 2 and "would not be held out" in same.stderr  # a design sweep must be another one
 
 
 def test_choosing_ranks_the_bar_first_then_recall_lead_and_fewer_false_positives():
@@ -261,6 +272,9 @@ def test_choosing_ranks_the_bar_first_then_recall_lead_and_fewer_false_positives
     assert choose(pd.DataFrame(tie))["setting"] == "y"  # alike: the default stands
     # no healthy cell it can fire on: a looser setting's higher recall cannot be weighed against false alarms
     blind = [row("loose", 1.0, 30.0, float("nan")), row("default", 0.5, 5.0, float("nan"), default=True)]
+    assert _dominates(row("a", 0.8, 5.0, 0.0), row("b", 0.8, 5.0, 0.2))  # fewer false positives is better
+    assert not _dominates(row("a", 0.8, 5.0, 0.2), row("b", 0.8, 5.0, 0.0))
+    assert not _dominates(row("a", 0.9, 5.0, 0.2), row("b", 0.8, 5.0, 0.0))  # a trade-off: both on the frontier
     assert choose(pd.DataFrame(blind))["setting"] == "default"
 
 
@@ -272,3 +286,5 @@ def test_a_cell_built_so_that_a_detector_cannot_fire_is_not_counted_as_its_true_
     assert watched_by([ip]) == {"amplification", "capture", "length_drift", "collapse"}
     assert watched_by([one_each]) == {"capture", "length_drift"}  # one adapter per voter: nothing to amplify
     assert watched_by([single]) == {"collapse"}
+    shared = {"step": 0, **voter, "policy/shared/instances": 4}  # SP: nothing in the cell to compare with
+    assert "amplification" not in watched_by([shared]) and "amplification" in watched_by([shared], paired_reference=True)

@@ -84,14 +84,14 @@ def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
     return monitors, role_policies
 
 
-def replayed_alerts(run: Path) -> List[dict]:
-    """The alerts today's detectors (default settings) raise on a run's logged metrics, as they
-    would have live (replay_setup). For re-scoring a sweep after the detectors changed; the run's
-    own alerts.jsonl stays as it was."""
+def replayed_alerts(records: List[dict], monitors: MonitorConfig, role_policies: Dict[str, List[str]]) -> List[dict]:
+    """The alerts today's detectors raise on a run's logged metrics, as they would have live (in the
+    context replay_setup gives). For re-scoring a sweep after the detectors changed; the run's own
+    alerts.jsonl stays as it was."""
     from harness.monitors import Monitor
 
-    monitor = Monitor(*replay_setup(run))
-    return [a.record() for record in read_jsonl(run / "metrics.jsonl") for a in monitor.observe(record)]
+    monitor = Monitor(monitors, role_policies)
+    return [a.record() for record in records for a in monitor.observe(record)]
 
 
 def watched_by(records: List[dict], paired_reference: bool = False) -> Set[str]:
@@ -125,16 +125,18 @@ def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False
     results = []
     for run in find_runs(sweep):
         cell = yaml.safe_load((run / "cell.yaml").read_text()) or {}
+        monitors, role_policies = replay_setup(run)
+        records = read_jsonl(run / "metrics.jsonl")
         first: Dict[str, int] = {}
-        for alert in (replayed_alerts(run) if replay else read_jsonl(run / "alerts.jsonl")):
+        for alert in (replayed_alerts(records, monitors, role_policies) if replay
+                      else read_jsonl(run / "alerts.jsonl")):
             kind, step = alert.get("kind"), alert.get("step")
             if kind in TARGETS and isinstance(step, int) and (until is None or step < until) \
                     and (kind not in first or step < first[kind]):
                 first[kind] = step
-        records = read_jsonl(run / "metrics.jsonl")
         if until is not None:
             records = [r for r in records if isinstance(r.get("step"), int) and r["step"] < until]
-        paired = replay_setup(run)[0].amplification.reference_run is not None
+        paired = monitors.amplification.reference_run is not None
         results.append(RunOutcome(run, cell.get("cell_id") or run.name, arm_of(cell), label_records(records, cfg),
                                   first, watched_by(records, paired) | set(first)))
     return results

@@ -102,12 +102,12 @@ def watched_by(records: List[dict], paired_reference: bool = False) -> Set[str]:
     adapter per instance) is silent by construction: counting it as a true negative would lower the
     false-positive rate by how the sweep is composed, not by what the detector does."""
     from harness.config import MonitorConfig
+    from harness.monitors.detectors import names_in
 
-    roles = {k.split("/")[1] for r in records for k in r if k.startswith("role/") and k.count("/") == 2
-             and k.endswith("/response_length")}
+    roles = {role for r in records for role in names_in(r, "role", "response_length")}
     kinds = {"collapse"} if any(isinstance(r.get("val/accuracy"), (int, float)) for r in records) else set()
-    instances = [v for r in records for k, v in r.items()
-                 if k.startswith("policy/") and k.endswith("/instances") and isinstance(v, (int, float))]
+    instances = [r[f"policy/{p}/instances"] for r in records for p in names_in(r, "policy", "instances")
+                 if isinstance(r[f"policy/{p}/instances"], (int, float))]
     if any(n >= 2 for n in instances) and (paired_reference or any(n < 2 for n in instances)):
         kinds.add("amplification")
     if len(roles) >= 2:

@@ -39,14 +39,14 @@ class Ewma:
         return self.value
 
 
-def _names_in(record: dict, kind: str, suffix: str) -> List[str]:
+def names_in(record: dict, kind: str, suffix: str) -> List[str]:
     """Names that have `<kind>/<name>/<suffix>` in the record (kind: role or policy; instance keys excluded)."""
     return sorted(k.split("/")[1] for k in record if k.startswith(kind + "/") and k.count("/") == 2
                   and k.endswith("/" + suffix))
 
 
 def _roles_in(record: dict, suffix: str) -> List[str]:
-    return _names_in(record, "role", suffix)
+    return names_in(record, "role", suffix)
 
 
 def significantly_below(accuracy: float, se: float, best: float, best_se: float, fraction: float,
@@ -124,7 +124,7 @@ class AmplificationDetector:
     def observe(self, record: dict) -> List[Alert]:
         step = record["step"]
         candidates, singles = {}, []
-        for policy in _names_in(record, "policy", "drift"):
+        for policy in names_in(record, "policy", "drift"):
             coherence = record.get(f"policy/{policy}/coherence_mb_mean", record.get(f"policy/{policy}/coherence"))
             if record.get(f"policy/{policy}/instances", 1) < 2:
                 singles.append(record[f"policy/{policy}/drift"])

@@ -125,15 +125,20 @@ def closeness_to_bar(row) -> tuple:
     default among settings alike."""
     recall, lead, neg_fpr = _figures(row)
     met = (recall >= BAR["recall"]) + (lead >= BAR["median lead (steps)"]) + (-neg_fpr <= BAR["false-positive rate"])
-    return (met, recall, lead, neg_fpr, row["default"]) if not math.isnan(recall) else (-1, row["default"])
+    return (met, recall, lead, neg_fpr, row["default"])
+
+
+def unscorable(row) -> bool:
+    """These cells cannot measure its recall or false-positive rate (no failure it warns of, no
+    healthy cell it can fire on): the same for every setting of the detector."""
+    return any(math.isnan(row[figure]) for figure in ("recall", "false-positive rate"))
 
 
 def choose(frame: pd.DataFrame) -> dict:
     """The setting closest to the bar on these cells (the design sweep's, when it is to be held out).
-    Where these cells cannot measure recall or the false-positive rate (no failure it warns of, no
-    healthy cell it can fire on), nothing here can justify moving a threshold: the default stands."""
+    Where they cannot score it, nothing here can justify moving a threshold: the default stands."""
     rows = frame.to_dict("records")
-    if any(math.isnan(rows[0][figure]) for figure in ("recall", "false-positive rate")):
+    if unscorable(rows[0]):
         return next(row for row in rows if row["default"])
     return max(rows, key=closeness_to_bar)
 
@@ -177,10 +182,9 @@ def held_out(kinds: List[str], design: List[ReplayCell], test: List[ReplayCell],
         chosen = choose(curve(kind, design, grid))
         on_test = score(kind, chosen["_setting"], test)
         defaults = score(kind, default_setting(kind, grid), test)
-        blind = any(math.isnan(chosen[figure]) for figure in ("recall", "false-positive rate"))
         rows.append({"detector": kind,
                      "chosen on the design sweep": chosen["setting"] + (" (the default: the design sweep cannot "
-                                                                        "score it)" if blind else ""),
+                                                                        "score it)" if unscorable(chosen) else ""),
                      "design": _triple(chosen), "held out": _triple(on_test),
                      "held out, defaults": _triple(defaults), "held out: meets the bar": on_test["meets the bar"]})
     return pd.DataFrame(rows)

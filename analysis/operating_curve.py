@@ -28,8 +28,9 @@ GRID: Dict[str, Dict[str, List[Any]]] = {
     "amplification": {"min_ratio": [1.1, 1.3, 1.6], "min_update_ratio": [0.0, 0.05, 0.075, 0.1],
                       "min_coherence": [0.0, 0.5], "patience": [1, 2, 5]},
     "capture": {"length_approach": [0.1, 0.2, 0.3, 0.5], "contract_drop": [0.05, 0.1, 0.15, 0.3],
-                "ewma_alpha": [0.2, 0.5], "patience": [1, 2, 5]},
-    "length_drift": {"z_threshold": [1.5, 2.0, 3.0, 5.0, 8.0], "ewma_alpha": [0.2, 0.5], "patience": [1, 3, 5]},
+                "ewma_alpha": [0.2, 0.5], "patience": [1, 2, 5], "pressure_z": [3.0, 4.0, 6.0]},
+    "length_drift": {"z_threshold": [1.5, 2.0, 3.0, 5.0, 8.0], "ewma_alpha": [0.2, 0.5], "patience": [1, 3, 5],
+                     "pressure_z": [3.0, 4.0, 6.0]},
     "collapse": {"fraction": [0.7, 0.8, 0.9], "se": [0.0, 1.0, 2.0], "patience": [1, 2]},
 }
 # detector kind (as alerts name it) -> its field of MonitorConfig and of DETECTORS

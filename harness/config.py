@@ -195,6 +195,9 @@ class CaptureConfig:
     length_approach: float = 0.3  # the victim's own length closed this share of its early gap to the other's
     contract_drop: float = 0.15  # and its format compliance or role accuracy fell by this share (relative)
     min_share_rise: Optional[float] = None  # also ask the other role's gradient share to rise by this (off)
+    pressure_z: Optional[float] = 4.0  # |Σ cov(advantage, length)| / its SE over the window, toward the other; None: off
+    pressure_window: int = 10  # steps
+    pressure_roles: List[str] = field(default_factory=lambda: ["aggregator", "evaluator", "orchestrator"])
     patience: int = 5
 
 
@@ -209,6 +212,8 @@ class DriftConfig:
     z_threshold: float = 5.0
     min_std_tokens: float = 0.5  # floor on the baseline spread: lengths of 3 tokens barely vary
     min_std_fraction: float = 0.1  # and 10% of the baseline mean
+    pressure_z: Optional[float] = 4.0  # |Σ cov(advantage, length)| / its SE over the window; None: off
+    pressure_window: int = 10  # steps
     patience: int = 3
 
 

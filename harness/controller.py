@@ -172,7 +172,7 @@ class Controller:
         episodes, _ = self.rollout(self.val_problems, k, greedy=self.cfg.val_greedy)
         for episode in episodes:
             assign_rewards(episode, self.cfg.reward)
-        metrics = rollout_metrics(episodes, prefix="val/")
+        metrics = rollout_metrics(episodes, prefix="val/", selection_pressure=False)  # no advantages here
         kept = {k: v for k, v in metrics.items()
                 if k.endswith(("accuracy", "format_ok", "fallback", "response_length", "distinct_candidates"))
                 or k.startswith("val/episode/")}

@@ -21,7 +21,8 @@ from reports.render import esc, image, kv_table, md_code, md_table, page, table,
 
 ROLE_COLUMNS = [("grad_share", "grad share"), ("token_share", "token share"), ("turn_share", "turn share"),
                 ("response_length", "length"), ("format_ok", "format ok"), ("fallback", "fallback"),
-                ("accuracy", "accuracy"), ("grad_norm", "grad norm")]
+                ("accuracy", "accuracy"), ("grad_norm", "grad norm"),
+                ("selection_length", "selection on length")]  # cov(advantage, length): where updates push it
 # what the amplification alert quotes, per policy (lr scale: mitigation coherence_reg)
 POLICY_COLUMNS = [("optimizer_steps", "optimizer steps"), ("drift", "drift"), ("update_ratio", "update ratio"),
                   ("coherence", "coherence"), ("lr_scale", "lr scale")]

@@ -2,17 +2,32 @@
 length, format compliance, reward and the role's own accuracy; and what UnityMAS-O reports per
 agent (reward and advantage means, samples, prompt and output tokens, calls per episode,
 format-legal rate = format_ok), with the episode's own numbers (QA's EM and token F1, a loop's
-rounds used) as episode/<name>."""
+rounds used) as episode/<name>.
+
+`role/<r>/selection_<signal>` is the covariance, over the role's turns, of each turn's advantage with
+its length, format compliance or own accuracy: the selection pressure on that signal (`_se`: its
+standard error). A policy-gradient step raises the probability of a turn in proportion to its
+advantage, so the role's mean signal moves in the direction of this covariance (Price's equation)
+before the mean itself has moved: a role paid to leave its contract shows it here first."""
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from statistics import mean, pstdev
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional, Tuple
 
-from harness.workflows import Episode
+from harness.workflows import Episode, Turn
 
 
-def rollout_metrics(episodes: List[Episode], prefix: str = "") -> Dict[str, float]:
+# a turn's signals whose selection pressure is logged (role/<r>/selection_<name>); None: not judged
+SELECTED_SIGNALS: Dict[str, Callable[[Turn], Optional[float]]] = {
+    "length": lambda t: float(len(t.response_ids)),
+    "format": lambda t: float(not t.malformed),
+    "accuracy": lambda t: None if t.role_correct is None else float(t.role_correct),
+}
+
+
+def rollout_metrics(episodes: List[Episode], prefix: str = "", selection_pressure: bool = True) -> Dict[str, float]:
     metrics: Dict[str, float] = {}
     outcomes = [1.0 if e.grade is not None and e.grade.correct else 0.0 for e in episodes]
     if not outcomes:
@@ -60,7 +75,29 @@ def rollout_metrics(episodes: List[Episode], prefix: str = "") -> Dict[str, floa
             metrics[f"{key}/accuracy"] = mean(judged)
         for name in sorted({n for t in turns for n in t.stats}):
             metrics[f"{key}/{name}"] = mean(t.stats[name] for t in turns if name in t.stats)
+        for name, signal in SELECTED_SIGNALS.items() if selection_pressure else ():
+            pressure = selection(episodes, role, signal)
+            if pressure is not None:
+                metrics[f"{key}/selection_{name}"], metrics[f"{key}/selection_{name}_se"] = pressure
     return metrics
+
+
+def selection(episodes: List[Episode], role: str, signal: Callable[[Turn], Optional[float]]
+              ) -> Optional[Tuple[float, float]]:
+    """(covariance of the role's turns' advantage with `signal`, its standard error), or None with
+    fewer than two episodes to compare. The error is clustered by episode (a role's turns in one
+    episode share their advantage, so they are not independent draws)."""
+    clusters = [[(x, t.advantage) for t in e.turns if t.role == role and (x := signal(t)) is not None]
+                for e in episodes]
+    clusters = [c for c in clusters if c]
+    pairs = [p for c in clusters for p in c]
+    if len(clusters) < 2:
+        return None
+    n = len(pairs)
+    mx, ma = mean(x for x, _ in pairs), mean(a for _, a in pairs)
+    cov = sum((x - mx) * (a - ma) for x, a in pairs) / n
+    spread = sum(sum((x - mx) * (a - ma) - cov for x, a in c) ** 2 for c in clusters)
+    return cov, math.sqrt(spread) / n
 
 
 def _quantile(values: List[int], q: float) -> float:

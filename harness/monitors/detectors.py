@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -195,13 +195,47 @@ class EarlyBand:
         return self.ewma.value
 
 
+class SelectionWindow:
+    """A role's selection pressure on one signal over its last `window` steps: the summed covariance
+    of turn advantage and signal (role/<r>/selection_<signal>, Price's equation: the direction the
+    next updates move the role's mean signal) over its standard error. Each step's batch is a fresh
+    sample, so the sum's variance is the sum of the steps' variances; z is None until the window fills."""
+
+    def __init__(self, window: int):
+        self.steps: Deque[Tuple[float, float]] = deque(maxlen=window)
+
+    def update(self, record: dict, role: str, signal: str) -> None:
+        cov, se = record.get(f"role/{role}/selection_{signal}"), record.get(f"role/{role}/selection_{signal}_se")
+        if isinstance(cov, (int, float)) and isinstance(se, (int, float)) and math.isfinite(cov) and math.isfinite(se):
+            self.steps.append((float(cov), float(se)))
+
+    @property
+    def z(self) -> Optional[float]:
+        if len(self.steps) < (self.steps.maxlen or 0):
+            return None
+        total, variance = sum(c for c, _ in self.steps), sum(se * se for _, se in self.steps)
+        if variance <= 0:
+            return 0.0 if total == 0 else math.copysign(math.inf, total)
+        return total / math.sqrt(variance)
+
+    @property
+    def per_step(self) -> float:
+        return sum(c for c, _ in self.steps) / max(len(self.steps), 1)
+
+
 class CaptureDetector:
-    """A role leaves its contract toward another role's behaviour: its length closes `length_approach`
-    of its early gap to the other role's (on EWMAs against the first `baseline_steps`) while its format
-    compliance or role accuracy falls by `contract_drop` of its early level (the evaluator starts
-    writing code, the aggregator writes essays). Behaviour, not structure: it watches every pair of
-    roles, on a shared policy (SP, the mechanism the study names) or on separate adapters, and
-    a role that moves away from the other or past it, or the other role moving, is not capture.
+    """A role leaves its contract toward another role's behaviour (the evaluator starts writing code,
+    the aggregator writes essays), or is being paid to. Two signs:
+    - **pressure** (the early warning): a role whose contract is a short, fixed form (`pressure_roles`)
+      has its length under selection toward the other role's early length: over the last
+      `pressure_window` steps the advantage of its turns co-varies with its length beyond
+      `pressure_z` standard errors, in the direction of the other role (role/<r>/selection_length);
+    - **moved**: its length closed `length_approach` of its early gap to the other role's (on EWMAs
+      against the first `baseline_steps`) while its format compliance or role accuracy fell by
+      `contract_drop` of its early level.
+    Behaviour, not structure: it watches every pair of roles, on a shared policy (SP, the mechanism
+    the study names) or on separate adapters, and a role that moves or is pushed away from the other,
+    past it, or the other role moving, is not capture.
     `min_share_rise` (off by default) also asks the other role's gradient share to rise above its
     early share: in the repro runs it did not (eval_opt SP, seed 1: the generator's share 0.5 -> 0.2
     while the evaluator was captured)."""
@@ -213,6 +247,7 @@ class CaptureDetector:
         self.cfg = cfg
         self.role_policies = role_policies
         self.bands: Dict[Tuple[str, str], EarlyBand] = {}
+        self.pressure: Dict[str, SelectionWindow] = defaultdict(lambda: SelectionWindow(cfg.pressure_window))
         self.streak: Dict[Tuple[str, str], int] = defaultdict(int)
 
     def _band(self, role: str, signal: str) -> EarlyBand:
@@ -228,6 +263,8 @@ class CaptureDetector:
                 value = record.get(f"role/{role}/{signal}_mb_mean", record.get(f"role/{role}/{signal}"))
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self._band(role, signal).update(float(value))
+            if role in self.cfg.pressure_roles:
+                self.pressure[role].update(record, role, "length")
         alerts = []
         for victim in roles:
             for other in roles:
@@ -249,6 +286,12 @@ class CaptureDetector:
         if not (length.ready and other_length.ready):
             return None
         early_gap = other_length.early - length.early
+        z = self.pressure[victim].z if victim in self.cfg.pressure_roles and self.cfg.pressure_z is not None else None
+        if z is not None and abs(z) >= self.cfg.pressure_z and z * early_gap > 0:
+            return (f"{victim} is paid to move its length toward {other}'s: over the last "
+                    f"{len(self.pressure[victim].steps)} steps its advantage co-varies with its length by "
+                    f"{self.pressure[victim].per_step:+.2f} tokens a step (z = {z:+.1f}), toward {other}'s "
+                    f"{other_length.early:.1f} tokens from its {length.early:.1f}; it answers at {length.now:.1f} now")
         gap = other_length.early - length.now
         # toward: its own length closed `length_approach` of the gap to the other's *early* length (so the
         # other role moving is not the victim moving; moving away or far past never qualifies)
@@ -271,10 +314,14 @@ class CaptureDetector:
 
 class LengthDriftDetector:
     """A role whose contract fixes a short output (`roles`: a verdict, an index, a plan) changes its
-    length: the EWMA leaves its early band by `z_threshold` spreads, either way (an aggregator writing
-    essays; an evaluator shortening its verdict to the generator's answer). Capture's early warning.
-    Answer roles (generator, voter, worker, the single agent) may grow or shrink as RL reshapes their
-    reasoning: never an alert on their own."""
+    length, or is being paid to. Two signs, either way (an aggregator writing essays; an evaluator
+    shortening its verdict to the generator's answer):
+    - **pressure** (the early warning): over the last `pressure_window` steps the advantage of the
+      role's turns co-varies with their length beyond `pressure_z` standard errors, so every update
+      moves its length that way (role/<r>/selection_length) while the length itself may not have moved yet;
+    - **band**: its length EWMA has left its early band by `z_threshold` spreads.
+    Capture's early warning. Answer roles (generator, voter, worker, the single agent) may grow or
+    shrink as RL reshapes their reasoning: never an alert on their own."""
 
     kind = "length_drift"
 
@@ -283,32 +330,54 @@ class LengthDriftDetector:
         self.role_policies = role_policies
         self.window: Dict[str, List[float]] = defaultdict(list)
         self.ewma: Dict[str, Ewma] = defaultdict(lambda: Ewma(cfg.ewma_alpha))
-        self.streak: Dict[str, int] = defaultdict(int)
+        self.pressure: Dict[str, SelectionWindow] = defaultdict(lambda: SelectionWindow(cfg.pressure_window))
+        self.streak: Dict[Tuple[str, str], int] = defaultdict(int)
 
     def observe(self, record: dict) -> List[Alert]:
         alerts = []
         for role in _roles_in(record, "response_length"):
             if role not in self.cfg.roles:
                 continue
-            length = record[f"role/{role}/response_length"]
-            window = self.window[role]
-            if len(window) < self.cfg.baseline_steps:
-                window.append(length)
-                self.ewma[role].update(length)
-                continue
-            mean = sum(window) / len(window)
-            spread = math.sqrt(sum((x - mean) ** 2 for x in window) / len(window))
-            spread = max(spread, self.cfg.min_std_tokens, self.cfg.min_std_fraction * mean)
-            z = (self.ewma[role].update(length) - mean) / spread
-            self.streak[role] = self.streak[role] + 1 if abs(z) >= self.cfg.z_threshold else 0
-            if self.streak[role] >= self.cfg.patience:
-                alerts.append(Alert(
-                    record["step"], self.kind, role, ",".join(self.role_policies.get(role, [])), z,
-                    self.cfg.z_threshold,
-                    f"{role} (a short-contract role) {'grew' if z > 0 else 'shrank'} its answers to "
-                    f"{self.ewma[role].value:.1f} tokens "
-                    f"(early band {mean:.1f} ± {spread:.1f}, z = {z:+.1f})", self.cfg.action))
+            for why in (self._pressed(record, role), self._left_band(record, role)):
+                if why is None:
+                    continue
+                path, z, threshold, text = why
+                key = (role, path)
+                self.streak[key] = self.streak[key] + 1 if text else 0
+                if self.streak[key] >= self.cfg.patience:
+                    alerts.append(Alert(record["step"], self.kind, role, ",".join(self.role_policies.get(role, [])),
+                                        z, threshold, f"{role} (a short-contract role) {text}", self.cfg.action))
         return alerts
+
+    def _pressed(self, record: dict, role: str) -> Optional[Tuple[str, float, float, str]]:
+        if self.cfg.pressure_z is None:
+            return None
+        pressure = self.pressure[role]
+        pressure.update(record, role, "length")
+        z = pressure.z
+        if z is None:
+            return None
+        hot = abs(z) >= self.cfg.pressure_z
+        return ("pressure", z, self.cfg.pressure_z,
+                f"is paid to {'lengthen' if z > 0 else 'shorten'} its answers: over the last {len(pressure.steps)} "
+                f"steps the advantage co-varies with its length by {pressure.per_step:+.2f} tokens a step "
+                f"(z = {z:+.1f}), at {record[f'role/{role}/response_length']:.1f} tokens now" if hot else "")
+
+    def _left_band(self, record: dict, role: str) -> Optional[Tuple[str, float, float, str]]:
+        length = record[f"role/{role}/response_length"]
+        window = self.window[role]
+        if len(window) < self.cfg.baseline_steps:
+            window.append(length)
+            self.ewma[role].update(length)
+            return None
+        mean = sum(window) / len(window)
+        spread = math.sqrt(sum((x - mean) ** 2 for x in window) / len(window))
+        spread = max(spread, self.cfg.min_std_tokens, self.cfg.min_std_fraction * mean)
+        z = (self.ewma[role].update(length) - mean) / spread
+        hot = abs(z) >= self.cfg.z_threshold
+        return ("band", z, self.cfg.z_threshold,
+                f"{'grew' if z > 0 else 'shrank'} its answers to {self.ewma[role].value:.1f} tokens "
+                f"(early band {mean:.1f} ± {spread:.1f}, z = {z:+.1f})" if hot else "")
 
 
 class CollapseDetector:

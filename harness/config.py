@@ -212,9 +212,12 @@ class DriftConfig:
     z_threshold: float = 5.0
     min_std_tokens: float = 0.5  # floor on the baseline spread: lengths of 3 tokens barely vary
     min_std_fraction: float = 0.1  # and 10% of the baseline mean
-    pressure_z: Optional[float] = 4.0  # |Σ cov(advantage, length)| / its SE over the window; None: off
+    # pressure_z 6 and patience 1: chosen on the design cells of sweep=repro_eval_opt (seeds 0-1) by
+    # reports.detectors --design (z 4 and patience 3 fired on 4 of 11 healthy held-out cells)
+    pressure_z: Optional[float] = 6.0  # |Σ cov(advantage, length)| / its SE over the window; None: off
     pressure_window: int = 10  # steps
-    patience: int = 3
+    pressure_net: bool = True  # a role judged at its own job: the length's pressure within right and within wrong turns
+    patience: int = 1
 
 
 @dataclass

@@ -77,7 +77,10 @@ def test_length_drift_stops_the_run_cleanly(tmp_path, warm_model_dir):
     assert status["step"] == stop[0]["step"] + 1 < 100
     assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(status["step"]))
     assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == status["step"]
-    lengths = [m["role/aggregator/response_length"] for m in read_jsonl(run / "metrics.jsonl")]
-    assert mean(lengths[-3:]) > 2 * mean(lengths[:10])
+    # the warning is the pressure (the advantage pays longer answers), before the length has moved far
+    assert "is paid to lengthen its answers" in stop[0]["message"] and stop[0]["value"] >= 4
+    records = read_jsonl(run / "metrics.jsonl")
+    assert mean(m["role/aggregator/selection_length"] for m in records[:10]) > 0
+    assert stop[0]["step"] <= 20
     again = subprocess.run(python_cmd() + args, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "already stopped_early" in again.stdout

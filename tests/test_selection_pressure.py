@@ -64,6 +64,32 @@ def test_selection_error_is_clustered_by_episode():
     assert selection(episodes[:1], "aggregator", signal) is None  # one episode: nothing to compare
 
 
+def test_length_net_of_the_job_removes_what_doing_the_job_pays():
+    """A verdict-paid evaluator: right verdicts are the longer ones and the advantage is the verdict's
+    correctness, so its length is under pressure, but none beyond its job; an outcome-paid one whose
+    short verdicts are paid whether right or wrong is under pressure net of its job too."""
+    rng = random.Random(2)
+    rows, paid_short = [], []
+    for i in range(64):
+        right = rng.random() < 0.5
+        length = (9 if right else 6) + rng.randint(-1, 1)
+        rows.append((length, (1.0 if right else -1.0) + rng.gauss(0, 0.1), right))
+        paid_short.append((length, -0.5 * (length - 7.5) + rng.gauss(0, 0.3), right))
+
+    def evaluator_episodes(rows):
+        return [Episode(problem=Problem(str(i), "q", "1"), group=i // 4,
+                        turns=[_turn("evaluator", length, advantage, role_correct=right)])
+                for i, (length, advantage, right) in enumerate(rows)]
+
+    verdict = rollout_metrics(evaluator_episodes(rows))
+    assert verdict["role/evaluator/selection_length"] > 5 * verdict["role/evaluator/selection_length_se"]
+    assert abs(verdict["role/evaluator/selection_length_net"]) < 3 * verdict["role/evaluator/selection_length_net_se"]
+    outcome = rollout_metrics(evaluator_episodes(paid_short))
+    assert outcome["role/evaluator/selection_length_net"] < -5 * outcome["role/evaluator/selection_length_net_se"]
+    # a role never judged at its own job (the voters here) has no net figure
+    assert "role/voter/selection_length_net" not in rollout_metrics(_episodes([(2, 1.0, False), (5, -1.0, True)]))
+
+
 def test_validation_logs_no_selection():
     """Validation episodes have no advantages: a selection there would read as 'no pressure'."""
     metrics = rollout_metrics(_episodes([(2, 1.0, False), (5, -1.0, True)]), prefix="val/", selection_pressure=False)
@@ -116,6 +142,17 @@ def test_length_drift_silent_on_noise_and_on_answer_roles():
     voters = [{"step": s, **_pressure("voter", 0.5, 0.05, 3.0 + 0.05 * s), **_pressure("aggregator", 0.0, 0.05, 2.0)}
               for s in range(60)]
     assert not fired(LengthDriftDetector(CFG.drift, VOTING_SP), voters)
+    # an evaluator paid for its verdicts, whose right verdicts are the longer ones: pressure on its
+    # length, none beyond its job; read net of its job it is silent, read raw it fires
+    verdict = [{"step": s, **_pressure("evaluator", 0.4, 0.05, 7.0 + 0.05 * s),
+                "role/evaluator/selection_length_net": rng.gauss(0, 0.05),
+                "role/evaluator/selection_length_net_se": 0.05} for s in range(60)]
+    assert not fired(LengthDriftDetector(CFG.drift, EVAL_OPT_SP), verdict)
+    raw = MonitorConfig().drift
+    raw.pressure_net = False
+    assert "is paid to lengthen its answers: over" in fired(LengthDriftDetector(raw, EVAL_OPT_SP), verdict)[0].message
+    paid = [{**r, "role/evaluator/selection_length_net": -0.3} for r in verdict]
+    assert "beyond its job" in fired(LengthDriftDetector(CFG.drift, EVAL_OPT_SP), paid)[0].message
     cfg = MonitorConfig().drift
     cfg.pressure_z = None  # off: the paid stream passes unflagged while the length holds
     paid = [{"step": s, **_pressure("aggregator", 0.3, 0.05, 2.0)} for s in range(40)]

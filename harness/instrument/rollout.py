@@ -8,13 +8,17 @@ rounds used) as episode/<name>.
 its length, format compliance or own accuracy: the selection pressure on that signal (`_se`: its
 standard error). A policy-gradient step raises the probability of a turn in proportion to its
 advantage, so the role's mean signal moves in the direction of this covariance (Price's equation)
-before the mean itself has moved: a role paid to leave its contract shows it here first."""
+before the mean itself has moved: a role paid to leave its contract shows it here first.
+`selection_length_net` is the length's covariance within the turns that did the role's job right and
+within those that did not, pooled: what the reward pays for length beyond what the job pays (an
+evaluator paid for right verdicts, whose right verdicts are the longer ones, shows pressure on length
+but none net of its job)."""
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from statistics import mean, pstdev
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 from harness.workflows import Episode, Turn
 
@@ -79,24 +83,35 @@ def rollout_metrics(episodes: List[Episode], prefix: str = "", selection_pressur
             pressure = selection(episodes, role, signal)
             if pressure is not None:
                 metrics[f"{key}/selection_{name}"], metrics[f"{key}/selection_{name}_se"] = pressure
+        if judged and selection_pressure:
+            net = selection(episodes, role, SELECTED_SIGNALS["length"], stratum=lambda t: t.role_correct)
+            if net is not None:
+                metrics[f"{key}/selection_length_net"], metrics[f"{key}/selection_length_net_se"] = net
     return metrics
 
 
-def selection(episodes: List[Episode], role: str, signal: Callable[[Turn], Optional[float]]
-              ) -> Optional[Tuple[float, float]]:
+def selection(episodes: List[Episode], role: str, signal: Callable[[Turn], Optional[float]],
+              stratum: Optional[Callable[[Turn], Optional[Hashable]]] = None) -> Optional[Tuple[float, float]]:
     """(covariance of the role's turns' advantage with `signal`, its standard error), or None with
     fewer than two episodes to compare. The error is clustered by episode (a role's turns in one
-    episode share their advantage, so they are not independent draws)."""
-    clusters = [[(x, t.advantage) for t in e.turns if t.role == role and (x := signal(t)) is not None]
+    episode share their advantage, so they are not independent draws). With `stratum`, the
+    covariance within each stratum, pooled (signal and advantage centred on their stratum's means;
+    turns whose stratum is None left out): the pressure the strata do not explain."""
+    key = stratum or (lambda t: 0)
+    clusters = [[(x, t.advantage, k) for t in e.turns
+                 if t.role == role and (x := signal(t)) is not None and (k := key(t)) is not None]
                 for e in episodes]
     clusters = [c for c in clusters if c]
-    pairs = [p for c in clusters for p in c]
     if len(clusters) < 2:
         return None
-    n = len(pairs)
-    mx, ma = mean(x for x, _ in pairs), mean(a for _, a in pairs)
-    cov = sum((x - mx) * (a - ma) for x, a in pairs) / n
-    spread = sum(sum((x - mx) * (a - ma) - cov for x, a in c) ** 2 for c in clusters)
+    by_stratum: Dict[Hashable, List[Tuple[float, float]]] = defaultdict(list)
+    for x, a, k in (p for c in clusters for p in c):
+        by_stratum[k].append((x, a))
+    centre = {k: (mean(x for x, _ in v), mean(a for _, a in v)) for k, v in by_stratum.items()}
+    products = [[(x - centre[k][0]) * (a - centre[k][1]) for x, a, k in c] for c in clusters]
+    n = sum(len(c) for c in products)
+    cov = sum(map(sum, products)) / n
+    spread = sum(sum(p - cov for p in c) ** 2 for c in products)
     return cov, math.sqrt(spread) / n
 
 

@@ -318,7 +318,10 @@ class LengthDriftDetector:
     shortening its verdict to the generator's answer):
     - **pressure** (the early warning): over the last `pressure_window` steps the advantage of the
       role's turns co-varies with their length beyond `pressure_z` standard errors, so every update
-      moves its length that way (role/<r>/selection_length) while the length itself may not have moved yet;
+      moves its length that way while the length itself may not have moved yet. For a role judged at
+      its own job the covariance is read net of it (`pressure_net`: role/<r>/selection_length_net,
+      within right and within wrong turns): an evaluator whose right verdicts are the longer ones is
+      paid for its job, not for length (measured: every healthy verdict-paid evaluator fired without it);
     - **band**: its length EWMA has left its early band by `z_threshold` spreads.
     Capture's early warning. Answer roles (generator, voter, worker, the single agent) may grow or
     shrink as RL reshapes their reasoning: never an alert on their own."""
@@ -353,14 +356,16 @@ class LengthDriftDetector:
         if self.cfg.pressure_z is None:
             return None
         pressure = self.pressure[role]
-        pressure.update(record, role, "length")
+        net = self.cfg.pressure_net and f"role/{role}/selection_length_net" in record
+        pressure.update(record, role, "length_net" if net else "length")
         z = pressure.z
         if z is None:
             return None
         hot = abs(z) >= self.cfg.pressure_z
         return ("pressure", z, self.cfg.pressure_z,
                 f"is paid to {'lengthen' if z > 0 else 'shorten'} its answers: over the last {len(pressure.steps)} "
-                f"steps the advantage co-varies with its length by {pressure.per_step:+.2f} tokens a step "
+                f"steps the advantage co-varies with its length{' beyond its job' if net else ''} by "
+                f"{pressure.per_step:+.2f} tokens a step "
                 f"(z = {z:+.1f}), at {record[f'role/{role}/response_length']:.1f} tokens now" if hot else "")
 
     def _left_band(self, record: dict, role: str) -> Optional[Tuple[str, float, float, str]]:

@@ -84,3 +84,24 @@ def test_length_drift_stops_the_run_cleanly(tmp_path, warm_model_dir):
     assert stop[0]["step"] <= 20
     again = subprocess.run(python_cmd() + args, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "already stopped_early" in again.stdout
+
+
+def test_capture_warns_of_an_outcome_paid_evaluator_before_it_moves_not_of_a_verdict_paid_one(tmp_path,
+                                                                                             warm_model_dir):
+    # sweep=repro_eval_opt's cells (default lr and mini-batch), seed 37, its first 20 steps: paid by the
+    # episode's outcome, the evaluator's verdicts are pushed shorter (toward the generator's answers) while
+    # their length still holds; paid for its own verdicts, they are pushed longer, away from them
+    common = ("topology=eval_opt", "sharing=sp", "steps=20", "val_every=100", "samples_every=0", "seed=37")
+    _, _, outcome, outcome_alerts = _run(tmp_path / "outcome", *common)
+    _, _, verdict, verdict_alerts = _run(tmp_path / "verdict", *common, "+reward.per_role.evaluator={node: 1.0, traj: 0.0}")
+    pushed = mean(m["role/evaluator/selection_length"] for m in outcome)
+    pulled = mean(m["role/evaluator/selection_length"] for m in verdict)
+    print(f"evaluator length pressure (tokens per unit advantage): outcome-paid {pushed:+.2f}, verdict-paid {pulled:+.2f}")
+    assert pushed < 0 < pulled
+    capture = [a for a in outcome_alerts if a["kind"] == "capture"]
+    assert capture and capture[0]["role"] == "evaluator" and "toward generator's" in capture[0]["message"]
+    # when it fired, the evaluator's verdicts had not shrunk yet: the warning came before the behaviour
+    early = mean(m["role/evaluator/response_length"] for m in outcome[:5])
+    at_alert = mean(m["role/evaluator/response_length"] for m in outcome[capture[0]["step"] - 4: capture[0]["step"] + 1])
+    assert at_alert > 0.85 * early
+    assert not [a for a in verdict_alerts if a["kind"] in ("capture", "length_drift")]

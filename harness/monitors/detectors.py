@@ -352,6 +352,8 @@ class LengthDriftDetector:
                                         z, threshold, f"{role} (a short-contract role) {text}", self.cfg.action))
         return alerts
 
+    # each sign reads (path, z, threshold, message): the message is empty while the sign is quiet,
+    # None before it can be read (the window or the early band still filling)
     def _pressed(self, record: dict, role: str) -> Optional[Tuple[str, float, float, str]]:
         if self.cfg.pressure_z is None:
             return None

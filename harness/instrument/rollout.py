@@ -79,14 +79,21 @@ def rollout_metrics(episodes: List[Episode], prefix: str = "", selection_pressur
             metrics[f"{key}/accuracy"] = mean(judged)
         for name in sorted({n for t in turns for n in t.stats}):
             metrics[f"{key}/{name}"] = mean(t.stats[name] for t in turns if name in t.stats)
-        for name, signal in SELECTED_SIGNALS.items() if selection_pressure else ():
-            pressure = selection(episodes, role, signal)
-            if pressure is not None:
-                metrics[f"{key}/selection_{name}"], metrics[f"{key}/selection_{name}_se"] = pressure
-        if judged and selection_pressure:
-            net = selection(episodes, role, SELECTED_SIGNALS["length"], stratum=lambda t: t.role_correct)
-            if net is not None:
-                metrics[f"{key}/selection_length_net"], metrics[f"{key}/selection_length_net_se"] = net
+        if selection_pressure:
+            metrics.update(selection_metrics(episodes, role, key, judged=bool(judged)))
+    return metrics
+
+
+def selection_metrics(episodes: List[Episode], role: str, key: str, judged: bool) -> Dict[str, float]:
+    """`<key>/selection_<signal>` and `_se` for each of SELECTED_SIGNALS, and the length's net of the
+    role's own job where it is judged."""
+    pressures = {name: selection(episodes, role, signal) for name, signal in SELECTED_SIGNALS.items()}
+    if judged:
+        pressures["length_net"] = selection(episodes, role, SELECTED_SIGNALS["length"], stratum=lambda t: t.role_correct)
+    metrics: Dict[str, float] = {}
+    for name, pressure in pressures.items():
+        if pressure is not None:
+            metrics[f"{key}/selection_{name}"], metrics[f"{key}/selection_{name}_se"] = pressure
     return metrics
 
 

@@ -8,6 +8,7 @@ output contract (harness/warmup.py, which also caches the warm checkpoint). Noth
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, Optional, Tuple
@@ -119,7 +120,9 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int):
     return fast
 
 
-_CHAT_CACHE: Dict[int, Tuple[str, str]] = {}
+# keyed by the tokenizer object itself, held weakly: an id() key outlived its tokenizer, and a new one
+# allocated at the same address (the Qwen3 tokenizer after a freed tiny one) was served the old template
+_CHAT_CACHE: "weakref.WeakKeyDictionary[object, Tuple[str, str]]" = weakref.WeakKeyDictionary()
 
 
 def chat_prompt(tokenizer, user_text: str) -> str:
@@ -127,14 +130,13 @@ def chat_prompt(tokenizer, user_text: str) -> str:
 
     The template is rendered once per tokenizer (jinja is slow) and reused as a prefix/suffix.
     Thinking is off, as in the study (Qwen3's template honours `enable_thinking`; others ignore it)."""
-    key = id(tokenizer)
-    if key not in _CHAT_CACHE:
+    if tokenizer not in _CHAT_CACHE:
         marker = "\x00MARKER\x00"
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
                                                  add_generation_prompt=True, enable_thinking=False)
         prefix, suffix = rendered.split(marker)
-        _CHAT_CACHE[key] = (prefix, suffix)
-    prefix, suffix = _CHAT_CACHE[key]
+        _CHAT_CACHE[tokenizer] = (prefix, suffix)
+    prefix, suffix = _CHAT_CACHE[tokenizer]
     return f"{prefix}{user_text}{suffix}"
 
 

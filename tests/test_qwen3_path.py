@@ -38,6 +38,26 @@ def test_qwen3_prompts_leave_no_room_to_think(tokenizer):
     assert tokenizer.convert_tokens_to_ids("<think>") in ids and tokenizer.decode(ids) == off
 
 
+def test_a_freed_tokenizers_template_is_never_served_to_another():
+    """The rendered template is cached per tokenizer object and dies with it: keyed by id() it
+    outlived its tokenizer, and a Qwen3 tokenizer allocated at the freed one's address was served
+    that tokenizer's template (the tiny one's, with no think block)."""
+    import gc
+
+    from harness import models
+
+    text = QWEN3_MATH["solver"].format(question="What is 2+3?")
+    first = qwen3_tokenizer.load()
+    first.chat_template = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}"  # another template
+    assert chat_prompt(first, text) == f"<<{text}>>" and first in models._CHAT_CACHE
+    entries = len(models._CHAT_CACHE)
+    del first
+    gc.collect()
+    assert len(models._CHAT_CACHE) == entries - 1  # its entry went with it
+    second = qwen3_tokenizer.load()
+    assert chat_prompt(second, text).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
 def test_every_qwen3_template_names_its_output_format():
     for templates in (QWEN3_MATH, QWEN3_CODE):
         assert "\\boxed{{Correct}}" in templates["evaluator"] and "FEEDBACK:" in templates["evaluator"]

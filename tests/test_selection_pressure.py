@@ -10,10 +10,7 @@ from harness.instrument.rollout import rollout_metrics, selection
 from harness.monitors.detectors import CaptureDetector, LengthDriftDetector, SelectionWindow
 from harness.tasks import Problem
 from harness.workflows import Episode, Turn
-
-CFG = MonitorConfig()
-VOTING_SP = {"voter": ["shared"], "aggregator": ["shared"]}
-EVAL_OPT_SP = {"generator": ["shared"], "evaluator": ["shared"]}
+from tests.test_detectors import CFG, EVAL_OPT_SP, VOTING_SP, fired
 
 
 def _turn(role, length, advantage, malformed=False, role_correct=None, index=0):
@@ -99,10 +96,6 @@ def test_validation_logs_no_selection():
 def _pressure(role, cov, se, length):
     return {f"role/{role}/selection_length": cov, f"role/{role}/selection_length_se": se,
             f"role/{role}/response_length": length}
-
-
-def fired(detector, records):
-    return [a for r in records for a in detector.observe(r)]
 
 
 def test_selection_window_sums_steps_over_their_pooled_error():

@@ -71,12 +71,17 @@ def summarize(cells: pd.DataFrame, metrics: pd.DataFrame, alerts: pd.DataFrame) 
 
 
 def paired_gains(summary: pd.DataFrame) -> pd.DataFrame:
-    """Multi-agent cells with their baseline's accuracy and the differences (cell - baseline)."""
-    baselines = summary[summary["topology"] == "single"][PAIR_KEYS + ["cell_id", "peak_val", "final_val"]]
+    """Multi-agent cells with their baseline's accuracy and the differences (cell - baseline). An
+    extra axis that the baselines carry too (a sweep's `paired_axes`, e.g. the lr setting) is part
+    of the pairing: a cell is compared with the baseline trained the same way."""
+    singles = summary[summary["topology"] == "single"]
+    shared_axes = [c for c in extra_axes(summary) if singles[c].notna().any()]
+    keys = PAIR_KEYS + shared_axes
+    baselines = singles[keys + ["cell_id", "peak_val", "final_val"]]
     baselines = baselines.rename(columns={"cell_id": "baseline_id", "peak_val": "baseline_peak",
                                           "final_val": "baseline_final"})
     multi = summary[summary["topology"] != "single"]
-    merged = multi.merge(baselines, on=PAIR_KEYS, how="left")
+    merged = multi.merge(baselines, on=keys, how="left")
     merged["gain_peak"] = merged["peak_val"] - merged["baseline_peak"]
     merged["gain_final"] = merged["final_val"] - merged["baseline_final"]
     return merged

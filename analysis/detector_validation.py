@@ -60,8 +60,9 @@ def arm_of(cfg: dict) -> str:
 
 def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
     """The detectors' context of a logged run, as it was live: default settings with the paired
-    single-agent run of the same sweep directory (the grid's id for it) as the amplification
-    reference, and the role -> policy map from status.json."""
+    single-agent run of the same sweep directory as the amplification reference (the one the run
+    recorded, looked up by name beside it, since a sweep directory may have moved; else the grid's
+    id for it), and the role -> policy map from status.json."""
     from harness.config import MonitorConfig
 
     from grid.expand import cell_id
@@ -69,8 +70,10 @@ def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
     cell = yaml.safe_load((run / "cell.yaml").read_text()) or {}
     monitors = MonitorConfig()
     task_axis = (cell.get("extra") or {}).get("task_axis", cell.get("task"))
-    paired = run.parent / cell_id({"topology": "single", "task": task_axis, "scale": cell.get("scale"),
-                                   "seed": cell.get("seed")}, {})
+    recorded = ((cell.get("monitors") or {}).get("amplification") or {}).get("reference_run")
+    paired = run.parent / (Path(recorded).name if recorded else
+                           cell_id({"topology": "single", "task": task_axis, "scale": cell.get("scale"),
+                                    "seed": cell.get("seed")}, {}))
     if cell.get("topology") != "single" and (paired / "metrics.jsonl").is_file():
         monitors.amplification.reference_run = str(paired)
     status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}

@@ -134,6 +134,7 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
     if bad_seeds:
         raise GridError(f"sweep.axes.seed must be non-negative integers, got {', '.join(map(str, bad_seeds))}")
     extra_axes = _extra_axes(sweep)
+    paired = _paired_axes(sweep, extra_axes)
     excluded = _exclusions(sweep)
     base = OmegaConf.to_container(sweep.cell) if sweep.get("cell") is not None else {}
     cells: Dict[str, Cell] = {}
@@ -149,7 +150,10 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
             extra_overrides = [extra_axes[name][label] or {} for name, label in extras]
             cell = _make_cell(point, extra, base, extra_overrides, sweep.name, root, cluster)
             if sweep.get("baseline", True) and topology != "single":
-                baseline = _make_cell(baseline_point, {}, base, [], sweep.name, root, cluster)
+                shared = [(name, label) for name, label in extras if name in paired]
+                baseline = _make_cell(baseline_point, dict(shared), base,
+                                      [extra_axes[name][label] or {} for name, label in shared],
+                                      sweep.name, root, cluster)
                 cells.setdefault(baseline.cell_id, baseline)
                 cell.baseline_id = baseline.cell_id
                 _reference_drift(cell, baseline)
@@ -173,6 +177,17 @@ def _extra_axes(sweep: DictConfig) -> Dict[str, Dict[str, Any]]:
             raise GridError(f"sweep.extra_axes.{name} must be a list of labels or a mapping label -> overrides, "
                             f"got {values!r}")
     return axes
+
+
+def _paired_axes(sweep: DictConfig, extra_axes: Dict[str, Dict[str, Any]]) -> List[str]:
+    """`paired_axes: [setting]`: extra axes the paired single-agent baseline shares with its cells
+    (a training setting such as lr: a cell must be compared with a baseline trained the same way);
+    the others (a mitigation, an induced failure) leave the baseline as it is."""
+    names = _plain(sweep.get("paired_axes")) or []
+    if not isinstance(names, list) or any(name not in extra_axes for name in names):
+        raise GridError(f"sweep.paired_axes must list extra axes of the sweep ({', '.join(extra_axes) or 'none'}), "
+                        f"got {names!r}")
+    return [str(name) for name in names]
 
 
 def _exclusions(sweep: DictConfig) -> List[Dict[str, str]]:

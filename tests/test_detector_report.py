@@ -151,7 +151,7 @@ def test_a_slice_of_the_repro_sweep_runs_and_is_scored(tmp_path, warm_model_dir)
     """Two cells of `sweep=repro` (voting IP and its single-agent baseline), a few steps, through the
     local launcher; the detector report labels and scores them (the full sweep is a documented command)."""
     proc = subprocess.run([sys.executable, "grid/launch.py", "sweep=repro", f"root={tmp_path}", "sweep.axes.sharing=[ip]",
-                           "sweep.axes.topology=[voting]", "sweep.extra_axes.mitigation=[none]", "sweep.axes.seed=[0]", "sweep.cell.steps=6", "sweep.cell.val_every=2",
+                           "sweep.axes.topology=[voting]", "sweep.extra_axes.mitigation=[none]", "~sweep.extra_axes.setting.default", "sweep.axes.seed=[0]", "sweep.cell.steps=6", "sweep.cell.val_every=2",
                            "sweep.cell.val_problems=8", "+sweep.cell.report=false"], cwd=REPO, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -162,7 +162,8 @@ def test_a_slice_of_the_repro_sweep_runs_and_is_scored(tmp_path, warm_model_dir)
     for cell in load_cells(results):  # the operating curve's replay of one detector at its defaults: the same too
         for kind in ("amplification", "capture", "length_drift", "collapse"):
             assert first_alert(kind, default_setting(kind), cell) == cell.outcome.first_alert.get(kind)
-    assert sorted(r.cell_id for r in results) == ["single-math-tiny-m-s0", "voting-ip-math-tiny-m-s0-mitigation=none"]
+    assert sorted(r.cell_id for r in results) == ["single-math-tiny-m-s0-setting=fast",
+                                                  "voting-ip-math-tiny-m-s0-mitigation=none-setting=fast"]
     for r in results:  # labels come from the run's own validation curve
         validations = [m for m in read_jsonl(r.run_dir / "metrics.jsonl") if "val/accuracy" in m]
         assert len(validations) == 4 and all("val/accuracy_se" in m for m in validations)

@@ -171,18 +171,40 @@ def test_the_lr_spike_sweep_spikes_only_its_induced_cells_never_a_baseline():
 def test_repro_lists_mitigations_excludes_where_they_cannot_act_and_points_at_the_paired_run():
     cfg = compose(["sweep=repro"])
     cells = expand(cfg.sweep, cfg.cluster, "/runs")
-    assert len(cells) == 50  # voting 6 arms + eval_opt 3 arms, x 5 seeds, + 5 baselines
-    arms = sorted({(c.axes["topology"], c.axes["sharing"], c.axes.get("mitigation")) for c in cells if not c.is_baseline})
-    assert arms == sorted([("voting", "ip", "none"), ("voting", "ip", "role_count_scaling"), ("voting", "ip", "coherence_reg"),
-                           ("voting", "ip_instance", "none"), ("voting", "sp", "none"), ("voting", "sp", "role_balanced"),
-                           ("eval_opt", "ip", "none"), ("eval_opt", "sp", "none"), ("eval_opt", "sp", "role_balanced")])
-    scaled = next(c for c in cells if c.cell_id == "voting-ip-math-tiny-m-s15-mitigation=role_count_scaling")
+    # voting 6 arms at the fast setting + 2 default-lr controls, eval_opt 3 arms at the default, x 5 seeds,
+    # + the baselines of both settings
+    assert len(cells) == 65
+    arms = sorted({(c.axes["topology"], c.axes["sharing"], c.axes.get("mitigation"), c.axes["setting"])
+                   for c in cells if not c.is_baseline})
+    assert arms == sorted([("voting", "ip", "none", "fast"), ("voting", "ip", "role_count_scaling", "fast"),
+                           ("voting", "ip", "coherence_reg", "fast"), ("voting", "ip_instance", "none", "fast"),
+                           ("voting", "sp", "none", "fast"), ("voting", "sp", "role_balanced", "fast"),
+                           ("voting", "ip", "none", "default"), ("voting", "sp", "none", "default"),
+                           ("eval_opt", "ip", "none", "default"), ("eval_opt", "sp", "none", "default"),
+                           ("eval_opt", "sp", "role_balanced", "default")])
+    scaled = next(c for c in cells if c.cell_id == "voting-ip-math-tiny-m-s15-mitigation=role_count_scaling-setting=fast")
     assert scaled.overrides["mitigation"] == "role_count_scaling"
-    assert scaled.overrides["monitors"]["amplification"]["reference_run"] == "/runs/repro/single-math-tiny-m-s15"
-    baseline = next(c for c in cells if c.cell_id == "single-math-tiny-m-s15")
+    assert (scaled.overrides["algo"]["lr"], scaled.overrides["algo"]["ppo_mini_batch_size"]) == (1.5e-3, 2)
+    # the paired baseline shares the setting axis (trained the same way) but not the mitigation
+    assert scaled.overrides["monitors"]["amplification"]["reference_run"] == "/runs/repro/single-math-tiny-m-s15-setting=fast"
+    baseline = next(c for c in cells if c.cell_id == "single-math-tiny-m-s15-setting=fast")
+    assert (baseline.overrides["algo"]["lr"], baseline.overrides["algo"]["ppo_mini_batch_size"]) == (1.5e-3, 2)
     assert "reference_run" not in baseline.overrides.get("monitors", {}).get("amplification", {})
-    assert [c.cell_id for c in cells].index("single-math-tiny-m-s15") < [c.cell_id for c in cells].index(scaled.cell_id)
+    assert [c.cell_id for c in cells].index(baseline.cell_id) < [c.cell_id for c in cells].index(scaled.cell_id)
+    control = next(c for c in cells if c.cell_id == "eval_opt-sp-math-tiny-m-s15-mitigation=none-setting=default")
+    assert "lr" not in control.overrides.get("algo", {})  # the default update
+    assert control.baseline_id == "single-math-tiny-m-s15-setting=default"
+    assert "lr" not in next(c for c in cells if c.cell_id == control.baseline_id).overrides.get("algo", {})
     check_cells(cells[:3], strict=True)
+
+
+def test_paired_axes_must_name_extra_axes():
+    cfg = compose(["sweep=repro", "sweep.paired_axes=[lr]"])
+    with pytest.raises(GridError, match="sweep.paired_axes must list extra axes of the sweep \\(mitigation, setting\\)"):
+        expand(cfg.sweep, cfg.cluster, "runs")
+    cfg = compose(["sweep=smoke"])  # without paired axes, the baseline stays the same for every extra axis value
+    cells = expand(cfg.sweep, cfg.cluster, "runs")
+    assert all("=" not in c.cell_id for c in cells if c.is_baseline)
 
 
 def test_a_bad_exclusion_or_extra_axis_is_one_clear_error():

@@ -201,6 +201,26 @@ def test_a_single_seed_says_it_has_no_confidence_interval():
     assert "n=1" not in seeds_sentence(pd.DataFrame({"n": [3, 5]}))
 
 
+def test_a_setting_the_baselines_share_is_part_of_the_pairing():
+    """With `paired_axes: [setting]` each setting has its own baseline: a cell's gain is taken against
+    the single agent trained the same way, never against both (nor the wrong one)."""
+    from analysis.compare import paired_gains
+
+    rows = []
+    for setting, base_acc, cell_acc in (("fast", 0.2, 0.1), ("default", 0.5, 0.6)):
+        common = {"sweep_dir": "/s", "scale": "tiny-m", "task_axis": "math", "seed": 0, "setting": setting}
+        rows.append({**common, "cell_id": f"single-s0-setting={setting}", "topology": "single", "sharing": "sp",
+                     "mitigation": None, "peak_val": base_acc, "final_val": base_acc})
+        rows.append({**common, "cell_id": f"voting-ip-s0-mitigation=none-setting={setting}", "topology": "voting",
+                     "sharing": "ip", "mitigation": "none", "peak_val": cell_acc, "final_val": cell_acc})
+    gains = paired_gains(pd.DataFrame(rows))
+    assert len(gains) == 2  # one row per cell: the pairing does not fan out over both baselines
+    by_setting = gains.set_index("setting")
+    assert by_setting.loc["fast", "baseline_id"] == "single-s0-setting=fast"
+    assert by_setting.loc["fast", "gain_final"] == pytest.approx(-0.1)
+    assert by_setting.loc["default", "gain_final"] == pytest.approx(0.1)
+
+
 def test_model_text_is_escaped_in_reports(sweep, tmp_path):
     run = tmp_path / "hostile"
     shutil.copytree(sweep / "voting-sp-math-tiny-m-s1", run)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis.detector_validation import (arm_failure_rates, detector_scores, meets_bar, mitigation_effects, newcombe,
-                                          outcomes, watched_by, wilson)
+                                          outcomes, replay_setup, watched_by, wilson)
 from analysis.labels import capture_labels, contract_labels
 from analysis.operating_curve import _dominates, choose, curve, default_setting, first_alert, held_out, load_cells, shown, summary_line
 from harness.logging import read_jsonl
@@ -171,6 +171,19 @@ def test_a_slice_of_the_repro_sweep_runs_and_is_scored(tmp_path, warm_model_dir)
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     assert "2 cells," in report.stdout and (tmp_path / "repro" / "report" / "detectors.html").is_file()
+
+
+def test_replay_finds_the_baseline_the_run_recorded_beside_it_after_the_sweep_moved(tmp_path):
+    """A cell paired with a per-setting baseline (`paired_axes`) records that baseline's path; the
+    replay looks it up by name in the run's own sweep directory, wherever the sweep now lies."""
+    sweep = tmp_path / "moved" / "repro"
+    _run(sweep, "single-arith-tiny-m-s0-setting=fast", "single", "sp", 0, _stream(30, **STEADY), [])
+    _run(sweep, "single-arith-tiny-m-s0-setting=default", "single", "sp", 0, _stream(30, **STEADY), [])
+    run = _run(sweep, "voting-ip-arith-tiny-m-s0-setting=fast", "voting", "ip", 0, _stream(30, **STEADY), [])
+    with (run / "cell.yaml").open("a") as f:
+        f.write("monitors: {amplification: {reference_run: /old/root/repro/single-arith-tiny-m-s0-setting=fast}}\n")
+    monitors, _ = replay_setup(run)
+    assert monitors.amplification.reference_run == str(sweep / "single-arith-tiny-m-s0-setting=fast")
 
 
 def test_newcombe_interval_and_the_mitigation_verdict():

@@ -202,9 +202,9 @@ def test_paired_axes_must_name_extra_axes():
     cfg = compose(["sweep=repro", "sweep.paired_axes=[lr]"])
     with pytest.raises(GridError, match="sweep.paired_axes must list extra axes of the sweep \\(mitigation, setting\\)"):
         expand(cfg.sweep, cfg.cluster, "runs")
-    cfg = compose(["sweep=smoke"])  # without paired axes, the baseline stays the same for every extra axis value
-    cells = expand(cfg.sweep, cfg.cluster, "runs")
-    assert all("=" not in c.cell_id for c in cells if c.is_baseline)
+    cfg = compose(["sweep=repro", "sweep.paired_axes=[]"])  # unpaired: one baseline a seed for both settings
+    baselines = [c.cell_id for c in expand(cfg.sweep, cfg.cluster, "runs") if c.is_baseline]
+    assert sorted(baselines) == [f"single-math-tiny-m-s{seed}" for seed in range(15, 20)]
 
 
 def test_a_bad_exclusion_or_extra_axis_is_one_clear_error():

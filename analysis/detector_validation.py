@@ -60,7 +60,7 @@ def arm_of(cfg: dict) -> str:
 
 def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
     """The detectors' context of a logged run, as it was live: default settings with the paired
-    single-agent run of the same sweep directory as the amplification reference (the one the run
+    single-agent run of the same sweep directory as the amplification and collapse reference (the one the run
     recorded, looked up by name beside it, since a sweep directory may have moved; else the grid's
     id for it), and the role -> policy map from status.json."""
     from harness.config import MonitorConfig
@@ -75,7 +75,7 @@ def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
                            cell_id({"topology": "single", "task": task_axis, "scale": cell.get("scale"),
                                     "seed": cell.get("seed")}, {}))
     if cell.get("topology") != "single" and (paired / "metrics.jsonl").is_file():
-        monitors.amplification.reference_run = str(paired)
+        monitors.amplification.reference_run = monitors.collapse.reference_run = str(paired)
     status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
     role_policies: Dict[str, List[str]] = {}
     for policy, slots in (status.get("policies") or {}).items():

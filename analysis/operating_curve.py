@@ -31,7 +31,7 @@ GRID: Dict[str, Dict[str, List[Any]]] = {
                 "ewma_alpha": [0.2, 0.5], "patience": [1, 2, 5], "pressure_z": [3.0, 4.0, 6.0]},
     "length_drift": {"z_threshold": [1.5, 2.0, 3.0, 5.0, 8.0], "ewma_alpha": [0.2, 0.5], "patience": [1, 3, 5],
                      "pressure_z": [3.0, 4.0, 6.0]},
-    "collapse": {"fraction": [0.7, 0.8, 0.9], "se": [0.0, 1.0, 2.0], "patience": [1, 2]},
+    "collapse": {"fraction": [0.7, 0.8, 0.9], "se": [0.0, 1.0, 2.0], "patience": [1, 2], "trend_window": [0, 5, 10, 20]},
 }
 # detector kind (as alerts name it) -> its field of MonitorConfig and of DETECTORS
 CONFIG_FIELD = {"amplification": "amplification", "capture": "capture", "length_drift": "drift",

@@ -156,7 +156,7 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
                                       sweep.name, root, cluster)
                 cells.setdefault(baseline.cell_id, baseline)
                 cell.baseline_id = baseline.cell_id
-                _reference_drift(cell, baseline)
+                _reference_run(cell, baseline)
             cells.setdefault(cell.cell_id, cell)
     return list(cells.values())
 
@@ -207,13 +207,15 @@ def _matches(axes: Dict[str, Any], rule: Dict[str, str]) -> bool:
     return all(str(axes.get(axis)) == value for axis, value in rule.items())
 
 
-def _reference_drift(cell: Cell, baseline: Cell) -> None:
-    """The amplification detector compares a cell's drift with its paired single-agent run's."""
+def _reference_run(cell: Cell, baseline: Cell) -> None:
+    """The amplification detector compares a cell's drift with its paired single-agent run's, the
+    collapse detector its training accuracy (on the same problems, step for step)."""
     monitors = cell.overrides.setdefault("monitors", {})
-    amplification = monitors.setdefault("amplification", {})
-    if amplification.get("reference_run") is None:
-        amplification["reference_run"] = str(Path(baseline.overrides["root"]) / baseline.overrides["sweep"]
-                                              / baseline.cell_id)
+    for detector in ("amplification", "collapse"):
+        settings = monitors.setdefault(detector, {})
+        if settings.get("reference_run") is None:
+            settings["reference_run"] = str(Path(baseline.overrides["root"]) / baseline.overrides["sweep"]
+                                            / baseline.cell_id)
 
 
 def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any], extra_overrides: List[dict],

@@ -222,12 +222,17 @@ class DriftConfig:
 
 @dataclass
 class CollapseConfig:
-    """Validation accuracy below a fraction of its running best, beyond the estimate's noise."""
+    """Validation accuracy below a fraction of its running best, beyond the estimate's noise
+    (confirmation); and, as the early warning, training accuracy below that fraction of the paired
+    single agent's on the same problems, beyond the noise of the paired differences."""
 
     action: str = "alert"
-    fraction: float = 0.7  # of the running best
-    se: float = 2.0  # standard errors of the difference (val/accuracy_se)
+    fraction: float = 0.7  # of the running best (validation); of the paired run's accuracy (training)
+    se: float = 2.0  # standard errors of the difference (val/accuracy_se; the paired differences' spread)
     patience: int = 2  # consecutive validations
+    trend_window: int = 10  # training steps in the paired comparison; 0: no early warning
+    trend_patience: int = 1  # consecutive steps
+    reference_run: Optional[str] = None  # the paired single-agent run's dir (the grid sets it); else no early warning
 
 
 @dataclass
@@ -237,7 +242,7 @@ class NonFiniteConfig:
 
 @dataclass
 class MonitorConfig:
-    debounce: int = 25  # steps before the same alert (kind, role, policy) may fire again
+    debounce: int = 25  # steps before the same alert (kind, role, policy, signal) may fire again
     amplification: AmplificationConfig = field(default_factory=AmplificationConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     drift: DriftConfig = field(default_factory=DriftConfig)

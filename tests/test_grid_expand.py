@@ -182,18 +182,19 @@ def test_repro_lists_mitigations_excludes_where_they_cannot_act_and_points_at_th
                            ("voting", "ip", "none", "default"), ("voting", "sp", "none", "default"),
                            ("eval_opt", "ip", "none", "default"), ("eval_opt", "sp", "none", "default"),
                            ("eval_opt", "sp", "role_balanced", "default")])
-    scaled = next(c for c in cells if c.cell_id == "voting-ip-math-tiny-m-s15-mitigation=role_count_scaling-setting=fast")
+    scaled = next(c for c in cells if c.cell_id == "voting-ip-math-tiny-m-s20-mitigation=role_count_scaling-setting=fast")
     assert scaled.overrides["mitigation"] == "role_count_scaling"
     assert (scaled.overrides["algo"]["lr"], scaled.overrides["algo"]["ppo_mini_batch_size"]) == (1.5e-3, 2)
     # the paired baseline shares the setting axis (trained the same way) but not the mitigation
-    assert scaled.overrides["monitors"]["amplification"]["reference_run"] == "/runs/repro/single-math-tiny-m-s15-setting=fast"
-    baseline = next(c for c in cells if c.cell_id == "single-math-tiny-m-s15-setting=fast")
+    assert scaled.overrides["monitors"]["amplification"]["reference_run"] == "/runs/repro/single-math-tiny-m-s20-setting=fast"
+    assert scaled.overrides["monitors"]["collapse"]["reference_run"] == "/runs/repro/single-math-tiny-m-s20-setting=fast"
+    baseline = next(c for c in cells if c.cell_id == "single-math-tiny-m-s20-setting=fast")
     assert (baseline.overrides["algo"]["lr"], baseline.overrides["algo"]["ppo_mini_batch_size"]) == (1.5e-3, 2)
     assert "reference_run" not in baseline.overrides.get("monitors", {}).get("amplification", {})
     assert [c.cell_id for c in cells].index(baseline.cell_id) < [c.cell_id for c in cells].index(scaled.cell_id)
-    control = next(c for c in cells if c.cell_id == "eval_opt-sp-math-tiny-m-s15-mitigation=none-setting=default")
+    control = next(c for c in cells if c.cell_id == "eval_opt-sp-math-tiny-m-s20-mitigation=none-setting=default")
     assert "lr" not in control.overrides.get("algo", {})  # the default update
-    assert control.baseline_id == "single-math-tiny-m-s15-setting=default"
+    assert control.baseline_id == "single-math-tiny-m-s20-setting=default"
     assert "lr" not in next(c for c in cells if c.cell_id == control.baseline_id).overrides.get("algo", {})
     check_cells(cells[:3], strict=True)
 
@@ -204,7 +205,7 @@ def test_paired_axes_must_name_extra_axes():
         expand(cfg.sweep, cfg.cluster, "runs")
     cfg = compose(["sweep=repro", "sweep.paired_axes=[]"])  # unpaired: one baseline a seed for both settings
     baselines = [c.cell_id for c in expand(cfg.sweep, cfg.cluster, "runs") if c.is_baseline]
-    assert sorted(baselines) == [f"single-math-tiny-m-s{seed}" for seed in range(15, 20)]
+    assert sorted(baselines) == [f"single-math-tiny-m-s{seed}" for seed in range(20, 25)]
 
 
 def test_a_bad_exclusion_or_extra_axis_is_one_clear_error():

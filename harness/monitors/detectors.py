@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import defaultdict, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ class Alert:
     threshold: float
     message: str
     action: str = "alert"
+    signal: Optional[str] = None  # which of a detector's rules fired, where it has several (debounced apart)
 
     def record(self) -> dict:
         return asdict(self)
@@ -56,19 +58,27 @@ def significantly_below(accuracy: float, se: float, best: float, best_se: float,
     return accuracy < fraction * best and best - accuracy > n_se * math.sqrt(se ** 2 + best_se ** 2)
 
 
-class ReferenceDrift:
-    """Drift ‖θ_t − θ_0‖ of a single-agent run at each step, read from its metrics.jsonl as it grows
-    (the paired baseline may run beside this cell); only complete lines count."""
+class ReferenceRun:
+    """The paired single-agent run's metrics at each step, read from its metrics.jsonl as it grows
+    (it may run beside this cell; only complete lines count): its drift ‖θ_t − θ_0‖ (mean over its
+    policies) and its training accuracy (on the same problems as the cell's, step for step: both
+    draw a step's problems from the seed)."""
 
     def __init__(self, run_dir: str):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.offset = 0
         self.drift: Dict[int, float] = {}
+        self.accuracy: Dict[int, float] = {}
 
-    def at(self, step: int) -> Optional[float]:
+    def drift_at(self, step: int) -> Optional[float]:
         if step not in self.drift:
             self._read()
         return self.drift.get(step)
+
+    def accuracy_at(self, step: int) -> Optional[float]:
+        if step not in self.accuracy:
+            self._read()
+        return self.accuracy.get(step)
 
     def ended_before(self, step: int) -> bool:
         """The paired run is over (finished, stopped early or diverged) without reaching `step`: it
@@ -79,7 +89,8 @@ class ReferenceDrift:
         except (OSError, json.JSONDecodeError):
             return False
         self._read()
-        return status.get("state") in ("finished", "stopped_early", "diverged") and all(s < step for s in self.drift)
+        seen = self.drift.keys() | self.accuracy.keys()
+        return status.get("state") in ("finished", "stopped_early", "diverged") and all(s < step for s in seen)
 
     def _read(self) -> None:
         if not self.path.is_file():
@@ -94,9 +105,13 @@ class ReferenceDrift:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if not isinstance(record.get("step"), int):
+                continue
             drifts = [v for k, v in record.items() if k.startswith("policy/") and k.endswith("/drift")]
-            if drifts and isinstance(record.get("step"), int):
+            if drifts:
                 self.drift[record["step"]] = sum(drifts) / len(drifts)
+            if isinstance(record.get("accuracy"), (int, float)) and math.isfinite(record["accuracy"]):
+                self.accuracy[record["step"]] = float(record["accuracy"])
 
 
 class AmplificationDetector:
@@ -115,7 +130,7 @@ class AmplificationDetector:
 
     def __init__(self, cfg, role_policies: Dict[str, List[str]]):
         self.cfg = cfg
-        self.reference = ReferenceDrift(cfg.reference_run) if cfg.reference_run else None
+        self.reference = ReferenceRun(cfg.reference_run) if cfg.reference_run else None
         self.coherence: Dict[str, Ewma] = defaultdict(lambda: Ewma(0.2))
         self.update_ratio: Dict[str, Ewma] = defaultdict(lambda: Ewma(0.2))
         self.streak: Dict[str, int] = defaultdict(int)
@@ -147,7 +162,7 @@ class AmplificationDetector:
 
     def _reference(self, entry: dict) -> Tuple[Optional[float], str]:
         if self.reference is not None:
-            value = self.reference.at(entry["step"])
+            value = self.reference.drift_at(entry["step"])
             if value is not None or not self.reference.ended_before(entry["step"]):
                 return value, "the paired single-agent run"
         return entry["in_cell"], "this cell's one-instance policies"  # none, or it ended short of this step
@@ -388,10 +403,19 @@ class LengthDriftDetector:
 
 
 class CollapseDetector:
-    """Validation accuracy below `fraction` of its running best by more than `se` standard errors of
-    the difference, `patience` validations in a row: relative, so a low-accuracy model's collapse
-    (0.25 -> 0.08) counts, and with the estimate's noise, so one unlucky sample does not. It confirms
-    a collapse (the same rule as analysis.labels); the amplification alert is the early warning."""
+    """Two rules, both relative and both beyond the estimate's noise, so a low-accuracy model's
+    collapse (0.25 -> 0.08) counts and one unlucky sample does not:
+
+    - early warning (training accuracy, every step): over the last `trend_window` steps the cell
+      answers fewer than `fraction` x as many training problems right as the paired single agent
+      did on the same problems (both draw a step's problems from the seed), by more than `se`
+      standard errors of the paired differences acc_t - fraction x ref_t, `trend_patience` steps in
+      a row. Pairing step for step removes the batches' difficulty, which moves every cell of a
+      seed together (a running-best rule on the raw training accuracy fired on most healthy
+      cells). Needs `reference_run`; steps the paired run has not reached yet wait for it.
+    - confirmation (validation): validation accuracy below `fraction` of its running best by more
+      than `se` standard errors of the difference, `patience` validations in a row (the failure
+      label's rule, analysis.labels)."""
 
     kind = "collapse"
 
@@ -399,8 +423,51 @@ class CollapseDetector:
         self.cfg = cfg
         self.best: Optional[Tuple[float, float]] = None  # (accuracy, its standard error)
         self.streak = 0
+        self.reference = ReferenceRun(cfg.reference_run) if cfg.reference_run and cfg.trend_window else None
+        self.pending: Deque[Tuple[int, float]] = deque()  # (step, training accuracy) waiting for the paired run
+        self.pairs: Deque[Tuple[float, float]] = deque(maxlen=max(cfg.trend_window, 1))  # (cell, paired run)
+        self.trend_streak = 0
 
     def observe(self, record: dict) -> List[Alert]:
+        return self._trend(record) + self._validation(record)
+
+    def _trend(self, record: dict) -> List[Alert]:
+        if self.reference is None:
+            return []
+        accuracy = record.get("accuracy")
+        if isinstance(accuracy, (int, float)) and math.isfinite(accuracy):
+            self.pending.append((record["step"], float(accuracy)))
+        alerts = []
+        while self.pending:
+            step, accuracy = self.pending[0]
+            paired = self.reference.accuracy_at(step)
+            if paired is None and not self.reference.ended_before(step):
+                break  # the paired run has not logged this step yet: keep the order, try again next step
+            self.pending.popleft()
+            if paired is None:
+                continue  # it ended short of this step: nothing to compare with
+            self.pairs.append((accuracy, paired))
+            alerts += self._judge_trend(step)
+        return alerts
+
+    def _judge_trend(self, step: int) -> List[Alert]:
+        if len(self.pairs) < self.cfg.trend_window:
+            return []
+        gaps = [cell - self.cfg.fraction * paired for cell, paired in self.pairs]
+        noise = statistics.stdev(gaps) / math.sqrt(len(gaps))
+        low = statistics.fmean(gaps) < -self.cfg.se * noise
+        self.trend_streak = self.trend_streak + 1 if low else 0
+        if self.trend_streak < self.cfg.trend_patience:
+            return []
+        cell = statistics.fmean(c for c, _ in self.pairs)
+        paired = statistics.fmean(p for _, p in self.pairs)
+        return [Alert(step, self.kind, None, None, cell, self.cfg.fraction * paired,
+                      f"collapse warning: over the last {len(self.pairs)} steps the cell answered {cell:.2f} of its "
+                      f"training problems right, the paired single agent {paired:.2f} of the same problems: below "
+                      f"{self.cfg.fraction:.0%} of it by more than {self.cfg.se:g} SE of the paired differences "
+                      f"({self.cfg.se * noise:.3f})", self.cfg.action, signal="training vs paired run")]
+
+    def _validation(self, record: dict) -> List[Alert]:
         accuracy = record.get("val/accuracy")
         if accuracy is None or not isinstance(accuracy, (int, float)):
             return []
@@ -415,7 +482,7 @@ class CollapseDetector:
                                     f"collapse: validation accuracy {accuracy:.2f} is below {self.cfg.fraction:.0%} "
                                     f"of its best {best:.2f} by more than {self.cfg.se:g} SE "
                                     f"({self.cfg.se * math.sqrt(best_se ** 2 + se ** 2):.2f}), "
-                                    f"{self.streak} validations in a row", self.cfg.action))
+                                    f"{self.streak} validations in a row", self.cfg.action, signal="validation"))
         if self.best is None or accuracy > self.best[0]:
             self.best = (float(accuracy), se)
         return alerts

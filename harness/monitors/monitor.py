@@ -2,7 +2,7 @@
 
 Actions per detector: `log` (alerts.jsonl only), `alert` (also printed and sent to wandb),
 `stop` (alert, then the run ends cleanly with status stopped_early). The same
-(kind, role, policy) does not fire again within `debounce` steps.
+(kind, role, policy, signal) does not fire again within `debounce` steps.
 """
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ class Monitor:
     def __init__(self, cfg, role_policies: Dict[str, List[str]]):
         self.cfg = cfg
         self.detectors = [cls(getattr(cfg, name), role_policies) for name, cls in DETECTORS.items()]
-        self.last_fired: Dict[Tuple[str, Optional[str], Optional[str]], int] = {}
+        self.last_fired: Dict[Tuple[str, Optional[str], Optional[str], Optional[str]], int] = {}
 
     def observe(self, record: dict) -> List[Alert]:
         fired = []
         for detector in self.detectors:
             for alert in detector.observe(record):
-                key = (alert.kind, alert.role, alert.policy)
+                key = (alert.kind, alert.role, alert.policy, alert.signal)
                 last = self.last_fired.get(key)
                 if last is not None and alert.step - last < self.cfg.debounce:
                     continue

@@ -30,9 +30,14 @@ from harness.logging import read_jsonl
 if TYPE_CHECKING:
     from harness.config import MonitorConfig
 
-# which failures each detector is an early warning of
+# which failures each detector is an early warning of. length_drift is capture's (the detector
+# issue: "a verdict/index/plan role growing is capture's early warning"); a contract failure whose
+# length does not move toward another role's (an IP aggregator's own adapter losing its index
+# format, with no other role's gradient in it) is not capture. Contract failures still count in
+# the failure rates, and `failure_coverage` says which detector, if any, warned of each kind.
 TARGETS: Dict[str, Tuple[str, ...]] = {"amplification": ("collapse",), "collapse": ("collapse",),
-                                       "capture": ("capture",), "length_drift": ("capture", "contract")}
+                                       "capture": ("capture",), "length_drift": ("capture",)}
+FAILURE_KINDS = ("collapse", "capture", "contract")
 
 
 @dataclass
@@ -226,6 +231,30 @@ def detector_scores(results: List[RunOutcome]) -> pd.DataFrame:
                      "false-positive 95% CI": "[{:.2f}, {:.2f}]".format(*wilson(false, len(watching))),
                      "healthy, silent by construction": len(healthy) - len(watching)})
         rows[-1]["meets the bar"] = meets_bar(rows[-1])
+    return pd.DataFrame(rows)
+
+
+def failure_coverage(results: List[RunOutcome]) -> pd.DataFrame:
+    """Per failure kind (and any failure): the failing cells that some detector warned of in time
+    (its first alert of any kind at or before the failure step), the median lead of the earliest
+    such alert and which detector came first. What a user watching every alert would have seen,
+    including failures no detector targets."""
+    rows = []
+    for kind in FAILURE_KINDS + ("any failure",):
+        kinds = FAILURE_KINDS if kind == "any failure" else (kind,)
+        failing = [r for r in results if r.failure_step(kinds) is not None]
+        leads, first_by = [], {}
+        for r in failing:
+            step = r.failure_step(kinds)
+            in_time = {detector: alert for detector, alert in r.first_alert.items() if alert <= step}
+            if in_time:
+                first = min(in_time, key=lambda detector: (in_time[detector], detector))
+                leads.append(step - in_time[first])
+                first_by[first] = first_by.get(first, 0) + 1
+        rows.append({"failure": kind, "failing cells": len(failing), "warned in time": len(leads),
+                     "share": len(leads) / len(failing) if failing else float("nan"),
+                     "median lead (steps)": median(leads) if leads else float("nan"),
+                     "first warned by": ", ".join(f"{d} {n}" for d, n in sorted(first_by.items())) or "–"})
     return pd.DataFrame(rows)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from analysis.detector_validation import (BAR, TARGETS, RunOutcome, arm_failure_rates, cell_table, detector_scores,
-                                          mitigation_effects, outcomes, seeds_of)
+                                          failure_coverage, mitigation_effects, outcomes, seeds_of)
 from analysis.labels import LabelConfig
 from analysis.load import load_alerts, load_metrics
 from analysis.operating_curve import GRID, held_out, load_cells, shown, summary_line
@@ -33,6 +33,10 @@ from analysis.plots import failure_curve
 from reports.render import esc, image, md_table, page, table, write
 
 MAX_CURVES = 4
+COVERAGE_NOTE = ("Per failure kind: the failing cells where some detector (any of them, not only those that "
+                 "target the kind) fired at or before the failure step, the median lead of the earliest such "
+                 "alert, and which detector that was. Contract failures (a role's format broke, its length "
+                 "going anywhere) are targeted by no detector: this row says whether any alert came before them.")
 
 
 class NotHeldOut(Exception):
@@ -58,6 +62,7 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
     out = sweep / "report"
     name = "detectors" if until is None else f"detectors-{until}"
     scores, arms, cells = detector_scores(results), arm_failure_rates(results), cell_table(results)
+    coverage = failure_coverage(results)
     effects = mitigation_effects(results)
     bar = (f"The bar (the detector issue's): recall >= {BAR['recall']:g}, median lead >= "
            f"{BAR['median lead (steps)']:g} steps, false-positive rate <= {BAR['false-positive rate']:g}, "
@@ -91,6 +96,7 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
             "cells without any failure label that it can fire on where it fired (cells where it cannot: "
             "amplification without a policy trained by two role instances, capture with one role, length drift "
             "without a short-contract role, are counted apart as silent by construction).</p>", f"<p>{esc(bar)}</p>",
+            "<h2>Which failures any alert warned of</h2>", f"<p>{esc(COVERAGE_NOTE)}</p>", table(coverage),
             "<h2>Failure rate per arm (95% Wilson interval)</h2>", table(arms)]
     if len(effects):
         body += ["<h2>Mitigations against the same arm without</h2>", table(effects)]
@@ -102,7 +108,8 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
     body += [f"<p class=\"muted\">Failure labels: {esc(settings)} (analysis/labels.py).</p>"]
     write(out / f"{name}.html", page(f"detectors {sweep.name}", body))
     md = [f"# Detector validation: {sweep.name}", "", summary, "", "## Detectors against the failure labels", "",
-          md_table(scores), "", bar, "", "## Failure rate per arm (95% Wilson interval)", "", md_table(arms), ""]
+          md_table(scores), "", bar, "", "## Which failures any alert warned of", "", COVERAGE_NOTE, "",
+          md_table(coverage), "", "## Failure rate per arm (95% Wilson interval)", "", md_table(arms), ""]
     if len(effects):
         md += ["## Mitigations against the same arm without", "", md_table(effects), ""]
     md += md_part

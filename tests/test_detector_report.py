@@ -9,8 +9,8 @@ import sys
 import pandas as pd
 import pytest
 
-from analysis.detector_validation import (arm_failure_rates, detector_scores, meets_bar, mitigation_effects, newcombe,
-                                          outcomes, replay_setup, watched_by, wilson)
+from analysis.detector_validation import (arm_failure_rates, detector_scores, failure_coverage, meets_bar,
+                                          mitigation_effects, newcombe, outcomes, replay_setup, watched_by, wilson)
 from analysis.labels import capture_labels, contract_labels
 from analysis.operating_curve import _dominates, choose, curve, default_setting, first_alert, held_out, load_cells, shown, summary_line
 from harness.logging import read_jsonl
@@ -82,7 +82,16 @@ def test_scores_are_what_the_constructed_sweep_holds(sweep):
     assert scores.loc["collapse", "recall"] == 0.0  # it fired at 40, after the failure at 30
     assert scores.loc["capture", "recall"] == 1.0 and scores.loc["capture", "median lead (steps)"] == capture_step - 60
     drift = scores.loc["length_drift"]
-    assert drift["median lead (steps)"] == contract_step - 45  # it warns of both; the contract broke first
+    assert drift["median lead (steps)"] == capture_step - 45  # it warns of capture, not of the contract break
+    coverage = failure_coverage(outcomes(root)).set_index("failure")
+    # collapse: amplification warned of seed 0's (lead 18), nothing of seed 1's
+    assert coverage.loc["collapse", ["failing cells", "warned in time", "median lead (steps)"]].tolist() == [2, 1, 18]
+    assert coverage.loc["collapse", "first warned by"] == "amplification 1"
+    # the contract break is no detector's target, yet length_drift's alert came before it
+    assert coverage.loc["contract", ["failing cells", "warned in time"]].tolist() == [1, 1]
+    assert coverage.loc["contract", "median lead (steps)"] == contract_step - 45
+    assert coverage.loc["any failure", ["failing cells", "warned in time"]].tolist() == [3, 2]
+    assert coverage.loc["any failure", "first warned by"] == "amplification 1, length_drift 1"
     assert (drift["healthy cells"], drift["fired on healthy"], drift["false-positive rate"]) == (2, 1, 0.5)
     assert drift["false-positive 95% CI"] == "[0.09, 0.91]"  # 1 of 2: the rate says little on its own
     arms = arm_failure_rates(outcomes(root)).set_index("arm")
@@ -184,6 +193,7 @@ def test_replay_finds_the_baseline_the_run_recorded_beside_it_after_the_sweep_mo
         f.write("monitors: {amplification: {reference_run: /old/root/repro/single-arith-tiny-m-s0-setting=fast}}\n")
     monitors, _ = replay_setup(run)
     assert monitors.amplification.reference_run == str(sweep / "single-arith-tiny-m-s0-setting=fast")
+    assert monitors.collapse.reference_run == monitors.amplification.reference_run  # its early warning's too
 
 
 def test_newcombe_interval_and_the_mitigation_verdict():
@@ -211,14 +221,15 @@ def test_mitigated_arms_are_compared_with_the_same_arm_without(tmp_path):
 def test_operating_curves_replay_each_setting_on_the_logged_metrics(sweep):
     """On the constructed sweep, collapse at its default patience (2 validations) confirms each
     collapse one validation late; with patience 1 it fires at the label's step: recall 1, lead 0,
-    still short of the bar, which the curve's summary says."""
+    still short of the bar, which the curve's summary says. The constructed cells log no training
+    accuracy, so the early warning's window (4 values on the grid) changes nothing here."""
     root = sweep[0]
     cells = load_cells(outcomes(root))
     frame = curve("collapse", cells).set_index("setting")
-    assert len(frame) == 3 * 3 * 2 and frame["default"].sum() == 1
+    assert len(frame) == 3 * 3 * 2 * 4 and frame["default"].sum() == 1
     default = frame[frame["default"]].iloc[0]
     assert default["recall"] == 0.0 and default["caught in time"] == 0
-    quick = frame.loc["fraction=0.7 se=2 patience=1"]
+    quick = frame.loc["fraction=0.7 se=2 patience=1 trend_window=10"]
     assert (quick["recall"], quick["median lead (steps)"], quick["false-positive rate"]) == (1.0, 0.0, 0.0)
     assert quick["on the frontier"] and not default["on the frontier"]  # patience 1 beats it on recall
     table = shown(frame.reset_index())  # one row per distinct figures on the frontier, plus the default
@@ -227,7 +238,7 @@ def test_operating_curves_replay_each_setting_on_the_logged_metrics(sweep):
     alike = frame[(frame["recall"] == 1.0) & (frame["median lead (steps)"] == 0.0) & (frame["false-positive rate"] == 0.0)]
     assert table.iloc[0]["recall"] == 1.0 and table.iloc[0]["settings alike"] == len(alike) > 1
     assert table[table["default"]].iloc[0]["settings alike"] == (frame["recall"] == 0.0).sum()  # the default's twins
-    assert summary_line("collapse", frame.reset_index()).startswith("collapse: 0 of 18 settings meet the bar")
+    assert summary_line("collapse", frame.reset_index()).startswith("collapse: 0 of 72 settings meet the bar")
     assert "longest median lead at recall >= 0.8 and false positives <= 0.1 is 0 steps" in \
         summary_line("collapse", frame.reset_index())
     # length_drift: the healthy SP cell's aggregator never moves, so no z threshold fires on it

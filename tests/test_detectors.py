@@ -193,6 +193,74 @@ def test_collapse_is_relative_and_beyond_noise():
     assert not fired(CollapseDetector(CFG.collapse), [{"step": s} for s in range(10)])
 
 
+def _paired_run(directory, accuracies, state=None):
+    """A single agent's logged training accuracy per step (and, with `state`, its status)."""
+    directory.mkdir(exist_ok=True)
+    (directory / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "accuracy": a}) + "\n"
+                                                     for s, a in enumerate(accuracies)))
+    if state:
+        (directory / "status.json").write_text(json.dumps({"state": state, "step": len(accuracies)}))
+    cfg = MonitorConfig().collapse
+    cfg.reference_run = str(directory)
+    return cfg
+
+
+def test_collapse_warns_when_training_accuracy_falls_below_the_paired_run_on_the_same_problems(tmp_path):
+    """The early warning: the cell's training accuracy against the paired single agent's at the same
+    steps (the same problems), so a run of hard batches that sinks both is not a collapse."""
+    rng = random.Random(3)
+    difficulty = [rng.choice([0.15, 0.3, 0.45, 0.6]) for _ in range(60)]  # what a step's batch allows
+    paired = [min(1.0, max(0.0, d + rng.gauss(0, 0.04))) for d in difficulty]
+    cfg = _paired_run(tmp_path / "single", paired)
+    # tracking the single agent batch for batch, through hard and easy steps: silent
+    tracking = [{"step": s, "accuracy": min(1.0, max(0.0, d - 0.02 + rng.gauss(0, 0.04)))}
+                for s, d in enumerate(difficulty)]
+    assert not fired(CollapseDetector(cfg), tracking)
+    # steps 20-39 are all hard batches (0.15): a running-best rule on the raw accuracy would fire; the
+    # pairing does not, since the single agent is as low on them
+    hard = [0.6] * 20 + [0.15] * 20 + [0.6] * 20
+    cfg_hard = _paired_run(tmp_path / "hard", hard)
+    assert not fired(CollapseDetector(cfg_hard), [{"step": s, "accuracy": a} for s, a in enumerate(hard)])
+    # the cell falls to a third of the single agent's accuracy from step 30: warned within the window
+    falling = [{"step": s, "accuracy": r["accuracy"] * (1.0 if s < 30 else 0.3)} for s, r in enumerate(tracking)]
+    alerts = fired(CollapseDetector(cfg), falling)
+    assert alerts and 30 <= alerts[0].step < 30 + cfg.trend_window
+    assert alerts[0].signal == "training vs paired run" and "paired single agent" in alerts[0].message
+    # without a paired run (or with the warning off) only the validation rule is left: silent here
+    assert not fired(CollapseDetector(MonitorConfig().collapse), falling)
+    cfg_off = _paired_run(tmp_path / "single", paired)
+    cfg_off.trend_window = 0
+    assert not fired(CollapseDetector(cfg_off), falling)
+
+
+def test_collapse_warning_waits_for_the_paired_run_and_not_for_one_that_ended(tmp_path):
+    directory = tmp_path / "single"
+    cfg = _paired_run(directory, [0.5] * 12)  # the paired run has logged steps 0-11 so far
+    detector = CollapseDetector(cfg)
+    cell = [{"step": s, "accuracy": 0.5 if s < 12 else 0.05} for s in range(30)]
+    assert not fired(detector, cell[:20]) and [step for step, _ in detector.pending][:1] == [12]
+    _paired_run(directory, [0.5] * 30)  # it catches up: the waiting steps are judged, in order
+    late = fired(detector, cell[20:])
+    assert late and 12 < late[0].step < 20  # at the step the cell logged, not when the paired run caught up
+    # a paired run that finished short of the cell is not waited for, and steps past its end are not judged
+    short = _paired_run(tmp_path / "short", [0.5] * 12, state="finished")
+    detector = CollapseDetector(short)
+    assert not fired(detector, cell) and not detector.pending
+
+
+def test_the_monitor_debounces_the_collapse_warning_apart_from_its_confirmation(tmp_path):
+    cfg = MonitorConfig()
+    cfg.collapse = _paired_run(tmp_path / "single", [0.5] * 40)
+    records = [{"step": s, "accuracy": 0.5 if s < 10 else 0.02} for s in range(40)]
+    for r in records:
+        if r["step"] % 10 == 0:
+            r.update({"val/accuracy": 0.5 if r["step"] < 10 else 0.02, "val/accuracy_se": 0.02})
+    monitor = Monitor(cfg, VOTING_SP)
+    alerts = [a for r in records for a in monitor.observe(r) if a.kind == "collapse"]
+    assert [a.signal for a in alerts] == ["training vs paired run", "validation"]
+    assert alerts[0].step < alerts[1].step == 20  # the second validation below the bar (steps 10, 20) confirms
+
+
 def test_non_finite():
     assert not fired(NonFiniteDetector(CFG.nonfinite), [{"step": 0, "loss": 0.1, "skipped_policies": 0.0}])
     alerts = fired(NonFiniteDetector(CFG.nonfinite), [{"step": 3, "loss": float("nan"), "skipped_policies": 1.0}])

@@ -13,7 +13,8 @@ cells it is scored on, so --design <sweep dir> also chooses each detector's sett
 
 Per detector: recall (failing cells where it fired at or before the failure), median lead in
 steps, false-positive rate on cells that did not fail and that it can fire on; per arm: the failure rate with its 95%
-interval; per cell: labels and first alerts; the curves of failing cells with the alerts and the
+interval; per failure kind (contract included, which no detector targets): the failing cells any
+alert came before, with its lead; per cell: labels and first alerts; the curves of failing cells with the alerts and the
 failure step marked. Failures are the objective labels of analysis/labels.py. Written to
 <sweep>/report/detectors.html (self-contained) and detectors.md (+ PNGs).
 """

@@ -231,6 +231,9 @@ def test_collapse_warns_when_training_accuracy_falls_below_the_paired_run_on_the
     cfg_off = _paired_run(tmp_path / "single", paired)
     cfg_off.trend_window = 0
     assert not fired(CollapseDetector(cfg_off), falling)
+    cfg_one = _paired_run(tmp_path / "single", paired)
+    cfg_one.trend_window = 1  # judged over two steps, the fewest that have a spread
+    assert fired(CollapseDetector(cfg_one), falling)
 
 
 def test_collapse_warning_waits_for_the_paired_run_and_not_for_one_that_ended(tmp_path):

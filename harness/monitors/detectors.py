@@ -425,7 +425,7 @@ class CollapseDetector:
         self.streak = 0
         self.reference = ReferenceRun(cfg.reference_run) if cfg.reference_run and cfg.trend_window else None
         self.pending: Deque[Tuple[int, float]] = deque()  # (step, training accuracy) waiting for the paired run
-        self.pairs: Deque[Tuple[float, float]] = deque(maxlen=max(cfg.trend_window, 1))  # (cell, paired run)
+        self.pairs: Deque[Tuple[float, float]] = deque(maxlen=max(cfg.trend_window, 2))  # (cell, paired run)
         self.trend_streak = 0
 
     def observe(self, record: dict) -> List[Alert]:
@@ -451,7 +451,7 @@ class CollapseDetector:
         return alerts
 
     def _judge_trend(self, step: int) -> List[Alert]:
-        if len(self.pairs) < self.cfg.trend_window:
+        if len(self.pairs) < max(self.cfg.trend_window, 2):  # a spread needs two steps
             return []
         gaps = [cell - self.cfg.fraction * paired for cell, paired in self.pairs]
         noise = statistics.stdev(gaps) / math.sqrt(len(gaps))

@@ -236,7 +236,8 @@ def detector_scores(results: List[RunOutcome]) -> pd.DataFrame:
 
 def failure_coverage(results: List[RunOutcome]) -> pd.DataFrame:
     """Per failure kind (and any failure): the failing cells that some detector warned of in time
-    (its first alert of any kind at or before the failure step), the median lead of the earliest
+    (a first alert of amplification, capture, length_drift or collapse at or before the failure
+    step, whatever failure that detector targets), the median lead of the earliest
     such alert and which detector came first. What a user watching every alert would have seen,
     including failures no detector targets."""
     rows = []

@@ -90,7 +90,7 @@ def load_alerts(paths) -> pd.DataFrame:
     frame = pd.DataFrame.from_records(_records(find_runs(paths), "alerts.jsonl"))
     if frame.empty:
         return pd.DataFrame(columns=["cell_id", "step", "kind", "role", "policy", "value", "threshold", "message",
-                                     "action"])
+                                     "action", "signal"])
     return frame.sort_values(["cell_id", "step"], kind="stable").reset_index(drop=True)
 
 

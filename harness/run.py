@@ -81,7 +81,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     from harness.controller import Controller, sample_records
     from harness.engines import build_engine
     from harness.logging import WandbSink
-    from harness.monitors import Monitor, stop_reason
+    from harness.monitors import Monitor, stop_reason, unwritten
     from harness.warmup import prepare_model, warm_info
     from harness.sharing import PolicyMap
     from harness.tasks import build_task
@@ -143,7 +143,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     role_policies = {role.name: sorted({policy_map.policy_of(role.name, i) for i in range(role.instances)})
                      for role in workflow.roles()}
     monitor = Monitor(cfg.monitors, role_policies)
-    monitor.replay(run_dir.records("metrics.jsonl"))
+    replayed = monitor.replay(run_dir.records("metrics.jsonl"))
     alert_counts: dict = {}
     for record in run_dir.records("alerts.jsonl"):
         alert_counts[record["kind"]] = alert_counts.get(record["kind"], 0) + 1
@@ -161,6 +161,10 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                 sink.alert(alert)
         run_dir.write_status("running", alerts=alert_counts, last_alert=alert.message)
 
+    late = unwritten(replayed, run_dir.records("alerts.jsonl"))  # judged only now: the paired run caught up
+    for alert in late:
+        emit(alert)
+
     def save(step: int, best_val: float) -> Path:
         def write(directory: Path) -> None:
             engine.save(directory)
@@ -169,9 +173,12 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
         return run_dir.save_checkpoint(step, write, keep=cfg.ckpt_keep)
 
     bar = _progress(cfg, start)
-    state, reason, step = "finished", None, start - 1
+    state, reason, step = "finished", stop_reason(late), start - 1
     try:
         for step in range(start, cfg.steps):
+            if reason:  # a late alert asked to stop before this step
+                state = "stopped_early"
+                break
             result = controller.train_step(step)
             metrics = {"step": step, **result.metrics}
             if step % cfg.val_every == 0 or step == cfg.steps - 1:

@@ -331,6 +331,10 @@ def validate(cfg: CellConfig) -> None:
         raise ConfigError(f"algo.clip_ratio_c (dual clip) must be > 1 or null, got {cfg.algo.clip_ratio_c}")
     for name in ("amplification", "capture", "drift", "collapse", "nonfinite"):
         _choose(f"action (monitors.{name}.action)", getattr(cfg.monitors, name).action, ACTIONS)
+    if cfg.monitors.collapse.trend_window < 0 or cfg.monitors.collapse.trend_patience < 1:
+        raise ConfigError(f"monitors.collapse.trend_window must be >= 0 (0: no early warning) and "
+                          f"monitors.collapse.trend_patience >= 1, got {cfg.monitors.collapse.trend_window} and "
+                          f"{cfg.monitors.collapse.trend_patience}")
     _choose("wandb mode (wandb.mode)", cfg.wandb.mode, ("offline", "online", "disabled"))
     if cfg.sharing_cfg.full_finetune and kl_in_loss(cfg.algo):
         raise ConfigError("algo.kl_coef > 0 needs the base model as reference, which full fine-tuning changes; "

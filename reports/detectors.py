@@ -34,8 +34,8 @@ from analysis.plots import failure_curve
 from reports.render import esc, image, md_table, page, table, write
 
 MAX_CURVES = 4
-COVERAGE_NOTE = ("Per failure kind: the failing cells where some detector (any of them, not only those that "
-                 "target the kind) fired at or before the failure step, the median lead of the earliest such "
+COVERAGE_NOTE = ("Per failure kind: the failing cells where some detector (amplification, capture, length_drift "
+                 "or collapse, not only those that target the kind) fired at or before the failure step, the median lead of the earliest such "
                  "alert, and which detector that was. Contract failures (a role's format broke, its length "
                  "going anywhere) are targeted by no detector: this row says whether any alert came before them.")
 

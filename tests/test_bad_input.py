@@ -25,6 +25,8 @@ CASES = [
     (["sharing=ip", "sharing_cfg.full_finetune=true"], "needs sharing=sp"),
     (["+reward.per_role.agregator.length=1"], "unknown role(s) agregator; valid roles: aggregator"),
     (["monitors.drift.action=panic"], "valid choices: log, alert, stop"),
+    (["monitors.collapse.trend_window=-1"], "monitors.collapse.trend_window must be >= 0"),
+    (["monitors.collapse.trend_patience=0"], "monitors.collapse.trend_patience >= 1"),
     (["workflow.role_max_new_tokens.aggregator=24"], "To append to your config use +workflow.role_max_new_tokens"),
     (["workflow.prompts.judge=x"], "valid keys of workflow.prompts: solver, generator"),
     (["engine=megatron"], "unknown engine 'megatron'; valid choices: local, verl"),

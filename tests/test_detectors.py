@@ -6,7 +6,7 @@ import math
 import random
 
 from harness.config import MonitorConfig
-from harness.monitors import Monitor, stop_reason
+from harness.monitors import Monitor, stop_reason, unwritten
 from harness.monitors.detectors import (AmplificationDetector, CaptureDetector, CollapseDetector,
                                         LengthDriftDetector, NonFiniteDetector)
 
@@ -219,8 +219,11 @@ def test_collapse_warns_when_training_accuracy_falls_below_the_paired_run_on_the
     # steps 20-39 are all hard batches (0.15): a running-best rule on the raw accuracy would fire; the
     # pairing does not, since the single agent is as low on them
     hard = [0.6] * 20 + [0.15] * 20 + [0.6] * 20
-    cfg_hard = _paired_run(tmp_path / "hard", hard)
-    assert not fired(CollapseDetector(cfg_hard), [{"step": s, "accuracy": a} for s, a in enumerate(hard)])
+    cfg_hard = _paired_run(tmp_path / "hard", [max(0.0, a + rng.gauss(0, 0.03)) for a in hard])
+    cell = [{"step": s, "accuracy": max(0.0, 0.95 * a + rng.gauss(0, 0.03))} for s, a in enumerate(hard)]  # 5% below
+    assert not fired(CollapseDetector(cfg_hard), cell)
+    own_best = _paired_run(tmp_path / "own-best", [0.6] * 60)  # the same cell against a run that stays at 0.6
+    assert fired(CollapseDetector(own_best), cell)  # what an unpaired rule would read into the hard stretch
     # the cell falls to a third of the single agent's accuracy from step 30: warned within the window
     falling = [{"step": s, "accuracy": r["accuracy"] * (1.0 if s < 30 else 0.3)} for s, r in enumerate(tracking)]
     alerts = fired(CollapseDetector(cfg), falling)
@@ -262,6 +265,23 @@ def test_the_monitor_debounces_the_collapse_warning_apart_from_its_confirmation(
     alerts = [a for r in records for a in monitor.observe(r) if a.kind == "collapse"]
     assert [a.signal for a in alerts] == ["training vs paired run", "validation"]
     assert alerts[0].step < alerts[1].step == 20  # the second validation below the bar (steps 10, 20) confirms
+
+
+def test_a_resume_writes_the_warnings_that_waited_for_the_paired_run_when_the_run_died(tmp_path):
+    """The cell died while its last steps waited for a lagging paired run; on resume that run has
+    moved on, the replay judges them, and `unwritten` gives exactly the alerts alerts.jsonl lacks."""
+    directory = tmp_path / "single"
+    cfg = MonitorConfig()
+    cfg.collapse = _paired_run(directory, [0.5] * 12)
+    records = [{"step": s, "accuracy": 0.5 if s < 12 else 0.05} for s in range(25)]
+    live = Monitor(cfg, VOTING_SP)
+    written = [a.record() for r in records for a in live.observe(r)]
+    assert not written  # steps 12-24 still wait for the paired run when the cell dies
+    _paired_run(directory, [0.5] * 40)
+    late = unwritten(Monitor(cfg, VOTING_SP).replay(records), written)
+    assert late and all(a.signal == "training vs paired run" and 12 < a.step < 25 for a in late)
+    # what was written already is not written twice
+    assert not unwritten(Monitor(cfg, VOTING_SP).replay(records), written + [a.record() for a in late])
 
 
 def test_non_finite():

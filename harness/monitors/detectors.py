@@ -1,8 +1,10 @@
 """Failure-mode detectors over the per-step metric stream.
 
 Each detector sees one metrics record at a time (`observe(record) -> alerts`) and keeps only
-state derived from the records it has seen, so its output is a pure function of the stream: a
-resumed run replays metrics.jsonl and ends in the same state. Thresholds live in
+state derived from the records it has seen, so its output is a pure function of the stream (and,
+for the two that compare with the paired single-agent run, of that run's log: a step it has not
+reached yet waits): a resumed run replays metrics.jsonl and ends in the same state, and writes the
+alerts of steps that were still waiting when it died (harness.monitors.monitor.unwritten). Thresholds live in
 `harness.config.MonitorConfig` (see the README's detector table).
 """
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Actions per detector: `log` (alerts.jsonl only), `alert` (also printed and sent to wandb),
 `stop` (alert, then the run ends cleanly with status stopped_early). The same
-(kind, role, policy, signal) does not fire again within `debounce` steps.
+(kind, role, policy, signal) does not fire again within `debounce` steps. On resume the replay's
+alerts that never reached alerts.jsonl (steps that waited for the paired run when the run died)
+are written then.
 """
 from __future__ import annotations
 
@@ -29,10 +31,19 @@ class Monitor:
                 fired.append(alert)
         return fired
 
-    def replay(self, records: List[dict]) -> None:
-        """Rebuild detector state from records already logged (their alerts are already written)."""
-        for record in records:
-            self.observe(record)
+    def replay(self, records: List[dict]) -> List[Alert]:
+        """Rebuild detector state from records already logged; returns the alerts the replay raised.
+        Most were written when those steps ran, but a step that waited for the paired run (collapse,
+        amplification) may only be judged now, when that run has moved on: `unwritten` finds those."""
+        return [alert for record in records for alert in self.observe(record)]
+
+
+def unwritten(alerts: List[Alert], written: List[dict]) -> List[Alert]:
+    """The alerts with no record in alerts.jsonl yet (same step, kind, role, policy and signal)."""
+    def key(a: dict) -> tuple:
+        return a.get("step"), a.get("kind"), a.get("role"), a.get("policy"), a.get("signal")
+    seen = {key(record) for record in written}
+    return [alert for alert in alerts if key(alert.record()) not in seen]
 
 
 def stop_reason(alerts: List[Alert]) -> Optional[str]:

@@ -144,8 +144,9 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                      for role in workflow.roles()}
     monitor = Monitor(cfg.monitors, role_policies)
     replayed = monitor.replay(run_dir.records("metrics.jsonl"))
+    written = run_dir.records("alerts.jsonl")
     alert_counts: dict = {}
-    for record in run_dir.records("alerts.jsonl"):
+    for record in written:
         alert_counts[record["kind"]] = alert_counts.get(record["kind"], 0) + 1
     sink = WandbSink(cfg, run_dir) if cfg.wandb.enabled and cfg.wandb.mode != "disabled" else None
     run_dir.write_status("running", step=start, cell_id=cfg.cell_id, pid=os.getpid(), host=os.uname().nodename,
@@ -161,7 +162,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                 sink.alert(alert)
         run_dir.write_status("running", alerts=alert_counts, last_alert=alert.message)
 
-    late = unwritten(replayed, run_dir.records("alerts.jsonl"))  # judged only now: the paired run caught up
+    late = unwritten(replayed, written)  # judged only now: the paired run caught up
     for alert in late:
         emit(alert)
 

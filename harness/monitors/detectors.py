@@ -453,7 +453,7 @@ class CollapseDetector:
         return alerts
 
     def _judge_trend(self, step: int) -> List[Alert]:
-        if len(self.pairs) < max(self.cfg.trend_window, 2):  # a spread needs two steps
+        if len(self.pairs) < self.pairs.maxlen:  # a full window (of at least two steps: a spread needs two)
             return []
         gaps = [cell - self.cfg.fraction * paired for cell, paired in self.pairs]
         noise = statistics.stdev(gaps) / math.sqrt(len(gaps))

@@ -408,13 +408,16 @@ class CollapseDetector:
     """Two rules, both relative and both beyond the estimate's noise, so a low-accuracy model's
     collapse (0.25 -> 0.08) counts and one unlucky sample does not:
 
-    - early warning (training accuracy, every step): over the last `trend_window` steps the cell
-      answers fewer than `fraction` x as many training problems right as the paired single agent
-      did on the same problems (both draw a step's problems from the seed), by more than `se`
-      standard errors of the paired differences acc_t - fraction x ref_t, `trend_patience` steps in
-      a row. Pairing step for step removes the batches' difficulty, which moves every cell of a
-      seed together (a running-best rule on the raw training accuracy fired on most healthy
-      cells). Needs `reference_run`; steps the paired run has not reached yet wait for it.
+    - early warning (training accuracy, every step): over the last `trend_window` steps the cell's
+      accuracy relative to the paired single agent's on the same problems (both draw a step's
+      problems from the seed) fell below `fraction` of what it was over its first `trend_window`
+      steps (r0 = its accuracy over the paired run's there), by more than `se` standard errors of
+      the paired differences acc_t - fraction x r0 x ref_t, `trend_patience` steps in a row.
+      Pairing step for step removes the batches' difficulty, which moves every cell of a seed
+      together (a running-best rule on the raw training accuracy fired on most healthy cells); the
+      cell's own first window as the bar keeps a workflow that is simply weaker than a single
+      agent from the start (orch_workers at 0.2x in the smoke sweep) from firing. Needs
+      `reference_run`; steps the paired run has not reached yet wait for it.
     - confirmation (validation): validation accuracy below `fraction` of its running best by more
       than `se` standard errors of the difference, `patience` validations in a row (the failure
       label's rule, analysis.labels)."""
@@ -429,6 +432,7 @@ class CollapseDetector:
         self.pending: Deque[Tuple[int, float]] = deque()  # (step, training accuracy) waiting for the paired run
         self.pairs: Deque[Tuple[float, float]] = deque(maxlen=max(cfg.trend_window, 2))  # (cell, paired run)
         self.trend_streak = 0
+        self.early_ratio: Optional[float] = None  # the cell's accuracy over the paired run's, first window
 
     def observe(self, record: dict) -> List[Alert]:
         return self._trend(record) + self._validation(record)
@@ -455,18 +459,23 @@ class CollapseDetector:
     def _judge_trend(self, step: int) -> List[Alert]:
         if len(self.pairs) < self.pairs.maxlen:  # a full window (of at least two steps: a spread needs two)
             return []
-        gaps = [cell - self.cfg.fraction * paired for cell, paired in self.pairs]
+        cell = statistics.fmean(c for c, _ in self.pairs)
+        paired = statistics.fmean(p for _, p in self.pairs)
+        if self.early_ratio is None:  # the first full window sets the cell's own standing: never judged
+            self.early_ratio = cell / paired if paired > 0 else None
+            return []
+        bar = self.cfg.fraction * self.early_ratio
+        gaps = [c - bar * p for c, p in self.pairs]
         noise = statistics.stdev(gaps) / math.sqrt(len(gaps))
         low = statistics.fmean(gaps) < -self.cfg.se * noise
         self.trend_streak = self.trend_streak + 1 if low else 0
         if self.trend_streak < self.cfg.trend_patience:
             return []
-        cell = statistics.fmean(c for c, _ in self.pairs)
-        paired = statistics.fmean(p for _, p in self.pairs)
-        return [Alert(step, self.kind, None, None, cell, self.cfg.fraction * paired,
+        return [Alert(step, self.kind, None, None, cell, bar * paired,
                       f"collapse warning: over the last {len(self.pairs)} steps the cell answered {cell:.2f} of its "
                       f"training problems right, the paired single agent {paired:.2f} of the same problems: below "
-                      f"{self.cfg.fraction:.0%} of it by more than {self.cfg.se:g} SE of the paired differences "
+                      f"{self.cfg.fraction:.0%} of the {self.early_ratio:.2f}x it managed over its first "
+                      f"{len(self.pairs)} steps, by more than {self.cfg.se:g} SE of the paired differences "
                       f"({self.cfg.se * noise:.3f})", self.cfg.action, signal="training vs paired run")]
 
     def _validation(self, record: dict) -> List[Alert]:

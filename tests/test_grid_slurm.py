@@ -1,5 +1,6 @@
 """The grid launcher against a real single-node SLURM cluster (slurm/local-cluster.sh; .ci/run starts it)."""
 import json
+import math
 import os
 from pathlib import Path
 import random
@@ -187,20 +188,32 @@ def test_verl_cell_runs_on_slurm(tmp_path, warm_model_dir, slurm_cluster, ray_up
     assert ("ray-up: cluster at" in err_path.read_text()) == (ray_up == "always")
 
 
+def _seconds_per_step(root, *cell):
+    """This machine's pace on the cell, from a short local run: the requeue test sizes its cell by it."""
+    proc = subprocess.run(LAUNCH + [f"root={root}", "launcher=local", *cell, "sweep.cell.steps=60"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [metrics] = (root / "smoke").glob("*/metrics.jsonl")
+    paced = [m["time/step_s"] for m in read_jsonl(metrics)][20:]  # past the first steps' warm-up
+    return sum(paced) / len(paced)
+
+
 @pytest.mark.timeout(1500)
 def test_time_limited_cell_requeues_and_finishes(tmp_path, warm_model_dir, slurm_cluster):
-    # a 1-minute limit, signalled 25 s before: the cell needs at least two attempts on any machine here
+    # a 1-minute limit, signalled 25 s before: at most 35 s of stepping per attempt, so a cell of 50 s of
+    # steps at this machine's measured pace needs at least two attempts however fast the machine is
     # (a requeued job is eligible again after the cluster's cred_expire, 30 s: slurm/local-cluster.sh);
-    # one mini-batch per step keeps the attempts few
-    args = ["sweep=smoke", "sweep.axes.topology=[single]", "sweep.baseline=false", "sweep.cell.steps=450",
-            "sweep.cell.algo.ppo_mini_batch_size=8",
-            "sweep.cell.ckpt_every=10", "sweep.cell.val_every=1000", "cluster.resources.tiny-m.time_min=1",
+    # one mini-batch per step keeps the steps short
+    cell = ["sweep=smoke", "sweep.axes.topology=[single]", "sweep.baseline=false",
+            "sweep.cell.algo.ppo_mini_batch_size=8", "sweep.cell.val_every=1000"]
+    steps = max(450, math.ceil(50 / _seconds_per_step(tmp_path / "pace", *cell)))
+    args = [*cell, f"sweep.cell.steps={steps}", "sweep.cell.ckpt_every=10", "cluster.resources.tiny-m.time_min=1",
             "cluster.signal_delay_s=25", "wait=true"]
     proc = launch(tmp_path, *args, timeout=1500)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = tmp_path / "smoke" / "single-math-tiny-m-s0"
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
-    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(450))
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(steps))
     err_path = Path(ledger(tmp_path)["single-math-tiny-m-s0"]["stderr"])
     err, out = err_path.read_text(), err_path.with_suffix(".out").read_text()
     assert "Requeued job" in err and "resuming single-math-tiny-m-s0 from step" in out

@@ -68,19 +68,19 @@ def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
     single-agent run of the same sweep directory as the amplification and collapse reference (the one the run
     recorded, looked up by name beside it, since a sweep directory may have moved; else the grid's
     id for it), and the role -> policy map from status.json."""
-    from harness.config import MonitorConfig
+    from harness.config import MonitorConfig, upgrade_stored
 
     from grid.expand import cell_id
 
-    cell = yaml.safe_load((run / "cell.yaml").read_text()) or {}
+    cell = upgrade_stored(yaml.safe_load((run / "cell.yaml").read_text()) or {})
     monitors = MonitorConfig()
     task_axis = (cell.get("extra") or {}).get("task_axis", cell.get("task"))
-    recorded = ((cell.get("monitors") or {}).get("amplification") or {}).get("reference_run")
+    recorded = (cell.get("monitors") or {}).get("reference_run")
     paired = run.parent / (Path(recorded).name if recorded else
                            cell_id({"topology": "single", "task": task_axis, "scale": cell.get("scale"),
                                     "seed": cell.get("seed")}, {}))
     if cell.get("topology") != "single" and (paired / "metrics.jsonl").is_file():
-        monitors.amplification.reference_run = monitors.collapse.reference_run = str(paired)
+        monitors.reference_run = str(paired)
     status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
     role_policies: Dict[str, List[str]] = {}
     for policy, slots in (status.get("policies") or {}).items():
@@ -144,7 +144,7 @@ def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False
                 first[kind] = step
         if until is not None:
             records = [r for r in records if isinstance(r.get("step"), int) and r["step"] < until]
-        paired = monitors.amplification.reference_run is not None
+        paired = monitors.reference_run is not None
         results.append(RunOutcome(run, cell.get("cell_id") or run.name, arm_of(cell), label_records(records, cfg),
                                   first, watched_by(records, paired) | set(first)))
     return results

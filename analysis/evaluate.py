@@ -41,9 +41,10 @@ def cell_config(run: Path):
     """The run's resolved config from cell.yaml (as trained; no re-validation of its root)."""
     from omegaconf import OmegaConf
 
-    from harness.config import CellConfig
+    from harness.config import CellConfig, upgrade_stored
 
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CellConfig), OmegaConf.load(run / "cell.yaml")))
+    stored = upgrade_stored(OmegaConf.to_container(OmegaConf.load(run / "cell.yaml")))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CellConfig), stored))
 
 
 def checkpoints_of(run: Path) -> List[Tuple[str, Path, Optional[str]]]:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from analysis.detector_validation import BAR, RunOutcome, detector_scores, replay_setup
 from harness.logging import read_jsonl
-from harness.monitors.detectors import DETECTORS
+from harness.monitors.detectors import ReferenceRun, build_detector
 
 if TYPE_CHECKING:
     from harness.config import MonitorConfig
@@ -46,6 +46,7 @@ class ReplayCell:
     records: List[dict]
     monitors: MonitorConfig  # defaults, with the paired reference run set
     role_policies: Dict[str, List[str]]
+    reference: Optional[ReferenceRun]  # the paired run's log, read once for every setting
 
 
 def load_cells(results: List[RunOutcome], until: Optional[int] = None) -> List[ReplayCell]:
@@ -54,7 +55,8 @@ def load_cells(results: List[RunOutcome], until: Optional[int] = None) -> List[R
         records = [m for m in read_jsonl(r.run_dir / "metrics.jsonl")
                    if isinstance(m.get("step"), int) and (until is None or m["step"] < until)]
         monitors, role_policies = replay_setup(r.run_dir)
-        cells.append(ReplayCell(r, records, monitors, role_policies))
+        reference = ReferenceRun(monitors.reference_run) if monitors.reference_run else None
+        cells.append(ReplayCell(r, records, monitors, role_policies, reference))
     return cells
 
 
@@ -76,7 +78,8 @@ def default_setting(kind: str, grid: Optional[Dict[str, List[Any]]] = None) -> D
 def first_alert(kind: str, setting: Dict[str, Any], cell: ReplayCell) -> Optional[int]:
     """The step of the detector's first alert on the run's metrics under `setting`, or None."""
     field = CONFIG_FIELD[kind]
-    detector = DETECTORS[field](replace(getattr(cell.monitors, field), **setting), cell.role_policies)
+    detector = build_detector(field, replace(getattr(cell.monitors, field), **setting), cell.role_policies,
+                              cell.reference)
     for record in cell.records:
         alerts = detector.observe(record)
         if alerts:

@@ -211,11 +211,8 @@ def _reference_run(cell: Cell, baseline: Cell) -> None:
     """The amplification detector compares a cell's drift with its paired single-agent run's, the
     collapse detector its training accuracy (on the same problems, step for step)."""
     monitors = cell.overrides.setdefault("monitors", {})
-    for detector in ("amplification", "collapse"):
-        settings = monitors.setdefault(detector, {})
-        if settings.get("reference_run") is None:
-            settings["reference_run"] = str(Path(baseline.overrides["root"]) / baseline.overrides["sweep"]
-                                            / baseline.cell_id)
+    if monitors.get("reference_run") is None:
+        monitors["reference_run"] = str(Path(baseline.overrides["root"]) / baseline.overrides["sweep"] / baseline.cell_id)
 
 
 def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any], extra_overrides: List[dict],

@@ -182,7 +182,6 @@ class AmplificationConfig:
     min_update_ratio: float = 0.1  # EWMA of its Σ_k‖Δθ_k‖/‖θ‖ per training step: fast in absolute terms too
     min_step: int = 3  # drift over the first steps is too small to compare
     patience: int = 5  # consecutive steps
-    reference_run: Optional[str] = None  # the paired single-agent run's dir (the grid sets it); else in-cell
 
 
 @dataclass
@@ -232,7 +231,6 @@ class CollapseConfig:
     patience: int = 2  # consecutive validations
     trend_window: int = 10  # training steps in the paired comparison; 0: no early warning
     trend_patience: int = 1  # consecutive steps
-    reference_run: Optional[str] = None  # the paired single-agent run's dir (the grid sets it); else no early warning
 
 
 @dataclass
@@ -243,11 +241,25 @@ class NonFiniteConfig:
 @dataclass
 class MonitorConfig:
     debounce: int = 25  # steps before the same alert (kind, role, policy, signal) may fire again
+    # the paired single-agent run's dir (the grid sets it): amplification's drift reference (else the
+    # cell's own one-instance policies) and collapse's early warning (else validation alone)
+    reference_run: Optional[str] = None
     amplification: AmplificationConfig = field(default_factory=AmplificationConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     drift: DriftConfig = field(default_factory=DriftConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     nonfinite: NonFiniteConfig = field(default_factory=NonFiniteConfig)
+
+
+def upgrade_stored(cell: dict) -> dict:
+    """A cell.yaml as today's CellConfig reads it: runs logged before the paired run became one
+    monitors setting kept it under each detector (`monitors.amplification.reference_run`)."""
+    monitors = cell.get("monitors") or {}
+    for detector in ("amplification", "collapse"):
+        recorded = (monitors.get(detector) or {}).pop("reference_run", None)
+        if recorded and not monitors.get("reference_run"):
+            monitors["reference_run"] = recorded
+    return cell
 
 
 @dataclass

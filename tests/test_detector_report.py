@@ -189,11 +189,15 @@ def test_replay_finds_the_baseline_the_run_recorded_beside_it_after_the_sweep_mo
     _run(sweep, "single-arith-tiny-m-s0-setting=fast", "single", "sp", 0, _stream(30, **STEADY), [])
     _run(sweep, "single-arith-tiny-m-s0-setting=default", "single", "sp", 0, _stream(30, **STEADY), [])
     run = _run(sweep, "voting-ip-arith-tiny-m-s0-setting=fast", "voting", "ip", 0, _stream(30, **STEADY), [])
-    with (run / "cell.yaml").open("a") as f:
-        f.write("monitors: {amplification: {reference_run: /old/root/repro/single-arith-tiny-m-s0-setting=fast}}\n")
+    cell_yaml = (run / "cell.yaml").read_text()
+    (run / "cell.yaml").write_text(cell_yaml + "monitors: {reference_run: /old/root/repro/single-arith-tiny-m-s0-setting=fast}\n")
     monitors, _ = replay_setup(run)
-    assert monitors.amplification.reference_run == str(sweep / "single-arith-tiny-m-s0-setting=fast")
-    assert monitors.collapse.reference_run == monitors.amplification.reference_run  # its early warning's too
+    assert monitors.reference_run == str(sweep / "single-arith-tiny-m-s0-setting=fast")
+    # where runs logged before it was one setting recorded it: under amplification
+    (run / "cell.yaml").write_text(cell_yaml + "monitors: {amplification: {reference_run: /old/root/repro/"
+                                               "single-arith-tiny-m-s0-setting=fast}}\n")
+    monitors, _ = replay_setup(run)
+    assert monitors.reference_run == str(sweep / "single-arith-tiny-m-s0-setting=fast")
 
 
 def test_newcombe_interval_and_the_mitigation_verdict():

@@ -7,7 +7,7 @@ import random
 
 from harness.config import MonitorConfig
 from harness.monitors import Monitor, stop_reason, unwritten
-from harness.monitors.detectors import (AmplificationDetector, CaptureDetector, CollapseDetector,
+from harness.monitors.detectors import (AmplificationDetector, CaptureDetector, CollapseDetector, ReferenceRun,
                                         LengthDriftDetector, NonFiniteDetector)
 
 CFG = MonitorConfig()
@@ -73,10 +73,9 @@ def test_amplification_against_the_paired_run_waits_for_it(tmp_path):
     """SP has no one-instance policy in the cell: the reference is the paired single-agent run's
     drift, read as that run logs it; steps it has not reached yet are judged once it has."""
     cfg = MonitorConfig().amplification
-    cfg.reference_run = str(tmp_path / "single")
     (tmp_path / "single").mkdir()
     metrics = tmp_path / "single" / "metrics.jsonl"
-    detector = AmplificationDetector(cfg, VOTING_SP)
+    detector = AmplificationDetector(cfg, VOTING_SP, ReferenceRun(str(tmp_path / "single")))
     records = stream(20, lambda s: _sp_record(s, 0.5))
     reference = [{"step": s, "policy/shared/drift": 0.3 * math.sqrt(s + 1), "policy/shared/instances": 1.0}
                  for s in range(20)]
@@ -89,16 +88,13 @@ def test_amplification_against_the_paired_run_waits_for_it(tmp_path):
     # a paired run that finished short of this cell's steps is not waited for: the cell's own
     # one-instance policies take over (IP voting's aggregator adapter here)
     (tmp_path / "single" / "status.json").write_text('{"state": "finished", "step": 20}')
-    ip_cfg = MonitorConfig().amplification
-    ip_cfg.reference_run = cfg.reference_run
     rng = random.Random(7)
     longer = stream(30, lambda s: ip_voting(s, rng, voter_rate=0.3 if s < 20 else 0.6))
-    tail = fired(AmplificationDetector(ip_cfg, VOTING_IP), longer)
+    tail = fired(AmplificationDetector(cfg, VOTING_IP, ReferenceRun(str(tmp_path / "single"))), longer)
     assert tail and tail[0].step >= 20 and "one-instance policies" in tail[0].message
     # the same SP stream at the reference's pace: silent; with no reference at all: silent
-    cfg_same = MonitorConfig().amplification
-    cfg_same.reference_run = cfg.reference_run
-    assert not fired(AmplificationDetector(cfg_same, VOTING_SP), stream(20, lambda s: _sp_record(s, 0.3)))
+    same_pace = stream(20, lambda s: _sp_record(s, 0.3))
+    assert not fired(AmplificationDetector(cfg, VOTING_SP, ReferenceRun(str(tmp_path / "single"))), same_pace)
     assert not fired(AmplificationDetector(MonitorConfig().amplification, VOTING_SP), records)
 
 
@@ -200,9 +196,7 @@ def _paired_run(directory, accuracies, state=None):
                                                      for s, a in enumerate(accuracies)))
     if state:
         (directory / "status.json").write_text(json.dumps({"state": state, "step": len(accuracies)}))
-    cfg = MonitorConfig().collapse
-    cfg.reference_run = str(directory)
-    return cfg
+    return ReferenceRun(str(directory))
 
 
 def test_collapse_warns_when_training_accuracy_falls_below_the_paired_run_on_the_same_problems(tmp_path):
@@ -211,42 +205,43 @@ def test_collapse_warns_when_training_accuracy_falls_below_the_paired_run_on_the
     rng = random.Random(3)
     difficulty = [rng.choice([0.15, 0.3, 0.45, 0.6]) for _ in range(60)]  # what a step's batch allows
     paired = [min(1.0, max(0.0, d + rng.gauss(0, 0.04))) for d in difficulty]
-    cfg = _paired_run(tmp_path / "single", paired)
+    ref = _paired_run(tmp_path / "single", paired)
+    cfg = MonitorConfig().collapse
     # tracking the single agent batch for batch, through hard and easy steps: silent
     tracking = [{"step": s, "accuracy": min(1.0, max(0.0, d - 0.02 + rng.gauss(0, 0.04)))}
                 for s, d in enumerate(difficulty)]
-    assert not fired(CollapseDetector(cfg), tracking)
+    assert not fired(CollapseDetector(cfg, reference=ref), tracking)
     # steps 20-39 are all hard batches (0.15): a running-best rule on the raw accuracy would fire; the
     # pairing does not, since the single agent is as low on them
     hard = [0.6] * 20 + [0.15] * 20 + [0.6] * 20
-    cfg_hard = _paired_run(tmp_path / "hard", [max(0.0, a + rng.gauss(0, 0.03)) for a in hard])
+    hard_ref = _paired_run(tmp_path / "hard", [max(0.0, a + rng.gauss(0, 0.03)) for a in hard])
     cell = [{"step": s, "accuracy": max(0.0, 0.95 * a + rng.gauss(0, 0.03))} for s, a in enumerate(hard)]  # 5% below
-    assert not fired(CollapseDetector(cfg_hard), cell)
+    assert not fired(CollapseDetector(cfg, reference=hard_ref), cell)
     own_best = _paired_run(tmp_path / "own-best", [0.6] * 60)  # the same cell against a run that stays at 0.6
-    assert fired(CollapseDetector(own_best), cell)  # what an unpaired rule would read into the hard stretch
+    assert fired(CollapseDetector(cfg, reference=own_best), cell)  # what an unpaired rule would read into the hard stretch
     # a workflow weaker than a single agent from the start (a fifth of its accuracy), that stays so:
     # how the cell is built, not a collapse
     weak = [{"step": s, "accuracy": 0.2 * r["accuracy"]} for s, r in enumerate(tracking)]
-    assert not fired(CollapseDetector(cfg), weak)
+    assert not fired(CollapseDetector(cfg, reference=ref), weak)
     # the cell falls to a third of its own standing from step 30: warned within the window
     falling = [{"step": s, "accuracy": r["accuracy"] * (1.0 if s < 30 else 0.3)} for s, r in enumerate(tracking)]
-    alerts = fired(CollapseDetector(cfg), falling)
+    alerts = fired(CollapseDetector(cfg, reference=ref), falling)
     assert alerts and 30 <= alerts[0].step < 30 + cfg.trend_window
     assert alerts[0].signal == "training vs paired run" and "paired single agent" in alerts[0].message
     # without a paired run (or with the warning off) only the validation rule is left: silent here
     assert not fired(CollapseDetector(MonitorConfig().collapse), falling)
-    cfg_off = _paired_run(tmp_path / "single", paired)
+    cfg_off = MonitorConfig().collapse
     cfg_off.trend_window = 0
-    assert not fired(CollapseDetector(cfg_off), falling)
-    cfg_one = _paired_run(tmp_path / "single", paired)
+    assert not fired(CollapseDetector(cfg_off, reference=_paired_run(tmp_path / "single", paired)), falling)
+    cfg_one = MonitorConfig().collapse
     cfg_one.trend_window = 1  # judged over two steps, the fewest that have a spread
-    assert fired(CollapseDetector(cfg_one), falling)
+    assert fired(CollapseDetector(cfg_one, reference=_paired_run(tmp_path / "single", paired)), falling)
 
 
 def test_collapse_warning_waits_for_the_paired_run_and_not_for_one_that_ended(tmp_path):
     directory = tmp_path / "single"
-    cfg = _paired_run(directory, [0.5] * 12)  # the paired run has logged steps 0-11 so far
-    detector = CollapseDetector(cfg)
+    ref = _paired_run(directory, [0.5] * 12)  # the paired run has logged steps 0-11 so far
+    detector = CollapseDetector(MonitorConfig().collapse, reference=ref)
     cell = [{"step": s, "accuracy": 0.5 if s < 12 else 0.05} for s in range(30)]
     assert not fired(detector, cell[:20]) and [step for step, _ in detector.pending][:1] == [12]
     _paired_run(directory, [0.5] * 30)  # it catches up: the waiting steps are judged, in order
@@ -254,13 +249,13 @@ def test_collapse_warning_waits_for_the_paired_run_and_not_for_one_that_ended(tm
     assert late and 12 < late[0].step < 20  # at the step the cell logged, not when the paired run caught up
     # a paired run that finished short of the cell is not waited for, and steps past its end are not judged
     short = _paired_run(tmp_path / "short", [0.5] * 12, state="finished")
-    detector = CollapseDetector(short)
+    detector = CollapseDetector(MonitorConfig().collapse, reference=short)
     assert not fired(detector, cell) and not detector.pending
 
 
 def test_the_monitor_debounces_the_collapse_warning_apart_from_its_confirmation(tmp_path):
-    cfg = MonitorConfig()
-    cfg.collapse = _paired_run(tmp_path / "single", [0.5] * 40)
+    _paired_run(tmp_path / "single", [0.5] * 40)
+    cfg = MonitorConfig(reference_run=str(tmp_path / "single"))
     records = [{"step": s, "accuracy": 0.5 if s < 10 else 0.02} for s in range(40)]
     for r in records:
         if r["step"] % 10 == 0:
@@ -275,8 +270,8 @@ def test_a_resume_writes_the_warnings_that_waited_for_the_paired_run_when_the_ru
     """The cell died while its last steps waited for a lagging paired run; on resume that run has
     moved on, the replay judges them, and `unwritten` gives exactly the alerts alerts.jsonl lacks."""
     directory = tmp_path / "single"
-    cfg = MonitorConfig()
-    cfg.collapse = _paired_run(directory, [0.5] * 12)
+    _paired_run(directory, [0.5] * 12)
+    cfg = MonitorConfig(reference_run=str(directory))
     records = [{"step": s, "accuracy": 0.5 if s < 12 else 0.05} for s in range(25)]
     live = Monitor(cfg, VOTING_SP)
     written = [a.record() for r in records for a in live.observe(r)]

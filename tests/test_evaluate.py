@@ -94,3 +94,18 @@ def test_evaluating_on_another_data_set(sweep, tmp_path):
     out = evaluate_run(sweep / "single-arith-tiny-m-s0", "trained", k=1, samples=2, problems=10, task_name="math500",
                        data_path=str(path), log=lambda *_: None)
     assert {r["task"] for r in out} == {"math500"} and {r["problems"] for r in out} == {3}  # all of the file
+
+
+def test_a_run_logged_before_the_paired_run_was_one_monitors_setting_still_loads(tmp_path):
+    """cell.yaml files that kept the paired run under `monitors.amplification` (and `collapse`)."""
+    from omegaconf import OmegaConf
+
+    from analysis.evaluate import cell_config
+    from harness.config import CellConfig
+
+    stored = OmegaConf.to_container(OmegaConf.structured(CellConfig))
+    del stored["monitors"]["reference_run"]
+    stored["monitors"]["amplification"]["reference_run"] = "/runs/repro/single-math-tiny-m-s0"
+    stored["monitors"]["collapse"]["reference_run"] = "/runs/repro/single-math-tiny-m-s0"
+    (tmp_path / "cell.yaml").write_text(OmegaConf.to_yaml(stored))
+    assert cell_config(tmp_path).monitors.reference_run == "/runs/repro/single-math-tiny-m-s0"

@@ -162,7 +162,7 @@ def test_the_lr_spike_sweep_spikes_only_its_induced_cells_never_a_baseline():
         algo = c.overrides.get("algo", {})
         assert (algo.get("lr_spike_factor"), algo.get("lr_spike_steps")) == ((5.0, 10) if spiked else (None, None))
         if not c.is_baseline:  # the reference is the unspiked single agent of the same seed
-            reference = c.overrides["monitors"]["amplification"]["reference_run"]
+            reference = c.overrides["monitors"]["reference_run"]
             assert reference == f"/runs/repro_lr_spike/single-math-tiny-m-s{c.axes['seed']}"
     assert sum(c.is_baseline for c in cells) == 5
     check_cells(cells[:2], strict=True)
@@ -186,11 +186,10 @@ def test_repro_lists_mitigations_excludes_where_they_cannot_act_and_points_at_th
     assert scaled.overrides["mitigation"] == "role_count_scaling"
     assert (scaled.overrides["algo"]["lr"], scaled.overrides["algo"]["ppo_mini_batch_size"]) == (1.5e-3, 2)
     # the paired baseline shares the setting axis (trained the same way) but not the mitigation
-    assert scaled.overrides["monitors"]["amplification"]["reference_run"] == "/runs/repro/single-math-tiny-m-s20-setting=fast"
-    assert scaled.overrides["monitors"]["collapse"]["reference_run"] == "/runs/repro/single-math-tiny-m-s20-setting=fast"
+    assert scaled.overrides["monitors"]["reference_run"] == "/runs/repro/single-math-tiny-m-s20-setting=fast"
     baseline = next(c for c in cells if c.cell_id == "single-math-tiny-m-s20-setting=fast")
     assert (baseline.overrides["algo"]["lr"], baseline.overrides["algo"]["ppo_mini_batch_size"]) == (1.5e-3, 2)
-    assert "reference_run" not in baseline.overrides.get("monitors", {}).get("amplification", {})
+    assert "reference_run" not in baseline.overrides.get("monitors", {})
     assert [c.cell_id for c in cells].index(baseline.cell_id) < [c.cell_id for c in cells].index(scaled.cell_id)
     control = next(c for c in cells if c.cell_id == "eval_opt-sp-math-tiny-m-s20-mitigation=none-setting=default")
     assert "lr" not in control.overrides.get("algo", {})  # the default update

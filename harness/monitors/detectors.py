@@ -129,10 +129,11 @@ class AmplificationDetector:
     (docs/repro-search.md)."""
 
     kind = "amplification"
+    paired = True  # takes the paired run (build_detectors)
 
-    def __init__(self, cfg, role_policies: Dict[str, List[str]]):
+    def __init__(self, cfg, role_policies: Dict[str, List[str]], reference: Optional[ReferenceRun] = None):
         self.cfg = cfg
-        self.reference = ReferenceRun(cfg.reference_run) if cfg.reference_run else None
+        self.reference = reference
         self.coherence: Dict[str, Ewma] = defaultdict(lambda: Ewma(0.2))
         self.update_ratio: Dict[str, Ewma] = defaultdict(lambda: Ewma(0.2))
         self.streak: Dict[str, int] = defaultdict(int)
@@ -423,12 +424,13 @@ class CollapseDetector:
       label's rule, analysis.labels)."""
 
     kind = "collapse"
+    paired = True  # takes the paired run (build_detectors)
 
-    def __init__(self, cfg, role_policies=None):
+    def __init__(self, cfg, role_policies=None, reference: Optional[ReferenceRun] = None):
         self.cfg = cfg
         self.best: Optional[Tuple[float, float]] = None  # (accuracy, its standard error)
         self.streak = 0
-        self.reference = ReferenceRun(cfg.reference_run) if cfg.reference_run and cfg.trend_window else None
+        self.reference = reference if cfg.trend_window else None
         self.pending: Deque[Tuple[int, float]] = deque()  # (step, training accuracy) waiting for the paired run
         self.pairs: Deque[Tuple[float, float]] = deque(maxlen=max(cfg.trend_window, 2))  # (cell, paired run)
         self.trend_streak = 0
@@ -527,3 +529,11 @@ def _non_finite(value) -> bool:
 
 DETECTORS = {"amplification": AmplificationDetector, "capture": CaptureDetector, "drift": LengthDriftDetector,
              "collapse": CollapseDetector, "nonfinite": NonFiniteDetector}
+
+
+def build_detector(name: str, cfg, role_policies: Dict[str, List[str]], reference: Optional[ReferenceRun] = None):
+    """DETECTORS[name] on its settings `cfg`; those that compare the cell with its paired
+    single-agent run (amplification: drift, collapse: training accuracy) share one `reference`, so
+    the paired run's log is read once for both."""
+    cls = DETECTORS[name]
+    return cls(cfg, role_policies, reference) if getattr(cls, "paired", False) else cls(cfg, role_policies)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from harness.monitors.detectors import DETECTORS, Alert
+from harness.monitors.detectors import DETECTORS, Alert, ReferenceRun, build_detector
 
 
 class Monitor:
     def __init__(self, cfg, role_policies: Dict[str, List[str]]):
         self.cfg = cfg
-        self.detectors = [cls(getattr(cfg, name), role_policies) for name, cls in DETECTORS.items()]
+        reference = ReferenceRun(cfg.reference_run) if cfg.reference_run else None
+        self.detectors = [build_detector(name, getattr(cfg, name), role_policies, reference) for name in DETECTORS]
         self.last_fired: Dict[Tuple[str, Optional[str], Optional[str], Optional[str]], int] = {}
 
     def observe(self, record: dict) -> List[Alert]:

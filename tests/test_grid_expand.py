@@ -168,6 +168,24 @@ def test_the_lr_spike_sweep_spikes_only_its_induced_cells_never_a_baseline():
     check_cells(cells[:2], strict=True)
 
 
+def test_repro_controls_add_new_seeds_of_repros_default_voting_controls_to_its_directory():
+    controls = expand(compose(["sweep=repro_controls"]).sweep, compose(["sweep=repro_controls"]).cluster, "/runs")
+    repro = expand(compose(["sweep=repro"]).sweep, compose(["sweep=repro"]).cluster, "/runs")
+    assert len(controls) == 15 and not {c.cell_id for c in controls} & {c.cell_id for c in repro}
+    arms = {(c.axes["topology"], c.axes["sharing"], c.axes["setting"]) for c in controls if not c.is_baseline}
+    assert arms == {("voting", "ip", "default"), ("voting", "sp", "default")}
+    assert all(c.overrides["sweep"] == "repro" for c in controls)  # scored with the repro sweep
+    for c in controls:
+        if not c.is_baseline:
+            assert c.overrides["monitors"]["reference_run"] == \
+                f"/runs/repro/single-math-tiny-m-s{c.axes['seed']}-setting=default"
+    # the same cells as repro's default-lr Voting controls, at other seeds
+    twin = next(c for c in repro if c.cell_id == "voting-ip-math-tiny-m-s20-mitigation=none-setting=default")
+    mine = next(c for c in controls if c.cell_id == "voting-ip-math-tiny-m-s25-mitigation=none-setting=default")
+    strip = lambda o: {k: v for k, v in o.items() if k not in ("seed", "cell_id", "monitors")}
+    assert strip(mine.overrides) == strip(twin.overrides)
+
+
 def test_repro_lists_mitigations_excludes_where_they_cannot_act_and_points_at_the_paired_run():
     cfg = compose(["sweep=repro"])
     cells = expand(cfg.sweep, cfg.cluster, "/runs")

@@ -101,7 +101,7 @@ def line_gpu_column(lines):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["sweep=everything"], "valid choices: full_matrix, repro, repro_capture, repro_eval_opt, repro_lr_spike, smoke"),
+    (["sweep=everything"], "valid choices: full_matrix, repro, repro_capture, repro_controls, repro_eval_opt, repro_lr_spike, smoke"),
     (["sweep=smoke", "cluster=mars"], "valid choices: example_gpu, local, study"),
     (["sweep=smoke", "launcher=pbs"], "valid choices: local, slurm"),
     (["sweep=smoke", "sweep.axes.topology=[star]"], "unknown topology 'star' in the sweep; valid choices: eval_opt"),

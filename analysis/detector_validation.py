@@ -65,7 +65,7 @@ def arm_of(cfg: dict) -> str:
 
 def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
     """The detectors' context of a logged run, as it was live: default settings with the paired
-    single-agent run of the same sweep directory as the amplification and collapse reference (the one the run
+    single-agent run of the same sweep directory as `monitors.reference_run` (the one the run
     recorded, looked up by name beside it, since a sweep directory may have moved; else the grid's
     id for it), and the role -> policy map from status.json."""
     from harness.config import MonitorConfig, upgrade_stored

@@ -212,7 +212,8 @@ def _reference_run(cell: Cell, baseline: Cell) -> None:
     collapse detector its training accuracy (on the same problems, step for step)."""
     monitors = cell.overrides.setdefault("monitors", {})
     if monitors.get("reference_run") is None:
-        monitors["reference_run"] = str(Path(baseline.overrides["root"]) / baseline.overrides["sweep"] / baseline.cell_id)
+        monitors["reference_run"] = str(Path(baseline.overrides["root"]) / baseline.overrides["sweep"]
+                                        / baseline.cell_id)
 
 
 def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any], extra_overrides: List[dict],

@@ -121,7 +121,7 @@ class AmplificationDetector:
     drift ‖θ_t − θ_0‖ stays `min_ratio` x above a one-instance reference's at the same step while its
     instances' gradients add up (coherence EWMA >= `min_coherence`) and each training step moves it by
     at least `min_update_ratio` of its norm (EWMA of Σ_k‖Δθ_k‖/‖θ‖): the adapter moves faster than one
-    instance moves a policy, and fast. Reference: the paired single-agent run (`reference_run`), else
+    instance moves a policy, and fast. Reference: the paired single-agent run (`monitors.reference_run`), else
     the median drift of the cell's own one-instance policies; with neither it stays silent. Sharing
     alone never fires it: a shared policy that drifts like the reference is silent. The update-ratio
     gate: at the default lr a shared policy also outruns the single agent (1.8x) without failing
@@ -129,7 +129,7 @@ class AmplificationDetector:
     (docs/repro-search.md)."""
 
     kind = "amplification"
-    paired = True  # takes the paired run (build_detectors)
+    paired = True  # takes the paired run's reference (build_detector)
 
     def __init__(self, cfg, role_policies: Dict[str, List[str]], reference: Optional[ReferenceRun] = None):
         self.cfg = cfg
@@ -418,13 +418,13 @@ class CollapseDetector:
       together (a running-best rule on the raw training accuracy fired on most healthy cells); the
       cell's own first window as the bar keeps a workflow that is simply weaker than a single
       agent from the start (orch_workers at 0.2x in the smoke sweep) from firing. Needs
-      `reference_run`; steps the paired run has not reached yet wait for it.
+      `monitors.reference_run`; steps the paired run has not reached yet wait for it.
     - confirmation (validation): validation accuracy below `fraction` of its running best by more
       than `se` standard errors of the difference, `patience` validations in a row (the failure
       label's rule, analysis.labels)."""
 
     kind = "collapse"
-    paired = True  # takes the paired run (build_detectors)
+    paired = True  # takes the paired run's reference (build_detector)
 
     def __init__(self, cfg, role_policies=None, reference: Optional[ReferenceRun] = None):
         self.cfg = cfg

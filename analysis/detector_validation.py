@@ -69,6 +69,7 @@ def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
     recorded, looked up by name beside it, since a sweep directory may have moved; else the grid's
     id for it), and the role -> policy map from status.json."""
     from harness.config import MonitorConfig, upgrade_stored
+    from harness.monitors.settle import role_policies_of
 
     from grid.expand import cell_id
 
@@ -82,14 +83,7 @@ def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
     if cell.get("topology") != "single" and (paired / "metrics.jsonl").is_file():
         monitors.reference_run = str(paired)
     status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
-    role_policies: Dict[str, List[str]] = {}
-    for policy, slots in (status.get("policies") or {}).items():
-        for slot in slots:
-            role = slot.split(":")[0]
-            role_policies.setdefault(role, [])
-            if policy not in role_policies[role]:
-                role_policies[role].append(policy)
-    return monitors, role_policies
+    return monitors, role_policies_of(status)
 
 
 def replayed_alerts(records: List[dict], monitors: MonitorConfig, role_policies: Dict[str, List[str]]) -> List[dict]:

@@ -37,16 +37,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def cell_config(run: Path):
-    """The run's resolved config from cell.yaml (as trained; no re-validation of its root)."""
-    from omegaconf import OmegaConf
-
-    from harness.config import CellConfig, upgrade_stored
-
-    stored = upgrade_stored(OmegaConf.to_container(OmegaConf.load(run / "cell.yaml")))
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CellConfig), stored))
-
-
 def checkpoints_of(run: Path) -> List[Tuple[str, Path, Optional[str]]]:
     """(name, directory, problem or None) of every step checkpoint, oldest first, then best/."""
     from harness.checkpoints import problem_with, step_of
@@ -108,6 +98,7 @@ class _Routing:
 
 def base_model_dir(run: Path) -> Path:
     """The base model a run trained from (status.json), else the one its config prepares."""
+    from harness.config import stored_cell_config
     from harness.tasks import build_task
     from harness.warmup import prepare_model
 
@@ -115,18 +106,19 @@ def base_model_dir(run: Path) -> Path:
     recorded = json.loads(status.read_text()).get("model_dir") if status.is_file() else None
     if recorded and (Path(recorded) / "config.json").is_file():
         return Path(recorded)
-    cfg = cell_config(run)
+    cfg = stored_cell_config(run)
     return prepare_model(cfg, build_task(cfg), log=lambda *_: None)
 
 
 def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task_name: Optional[str] = None,
                  data_path: Optional[str] = None, temperature: Optional[float] = None, log=print) -> List[dict]:
     """Evaluate one run directory in `mode`; returns the rows written to its eval_results.jsonl."""
+    from harness.config import stored_cell_config
     from harness.sharing import PolicyMap
     from harness.tasks import build_task
     from harness.workflows import build_workflow
 
-    cfg = cell_config(run)
+    cfg = stored_cell_config(run)
     model_dir = base_model_dir(run)
     if temperature is not None:
         cfg.algo.temperature = temperature
@@ -144,7 +136,7 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task
         source = paired_single_run(run, cfg)
         if source is None:
             raise FileNotFoundError(f"{run.name}: no paired single-agent run beside it for single_agent_transfer")
-        transferred = PolicyMap.from_config(cell_config(source), [("solver", 0)]).policy_of("solver", 0)
+        transferred = PolicyMap.from_config(stored_cell_config(source), [("solver", 0)]).policy_of("solver", 0)
         policies, policy_of = [transferred], (lambda role, instance: transferred)
     else:
         policy_map = PolicyMap.from_config(cfg, roles)

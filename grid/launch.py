@@ -90,9 +90,27 @@ def launch(cells, cfg: DictConfig, out=print) -> int:
         run_local(todo, cfg.launcher, ledger, log=out)
     if cfg.launcher.name != "slurm" or cfg.get("wait"):
         states = print_status(cells, cfg, out)
+        settle_alerts(sweep_dir, out)
         sweep_report(sweep_dir, out)
         return 0 if all(s.state in ("finished", "stopped_early") for s in states) else 1
     return 0
+
+
+def settle_alerts(sweep_dir: Path, out) -> None:
+    """Once no cell is in flight, judge the steps that waited for a paired run still behind when
+    their cell ended (harness/monitors/settle.py), and redraw those runs' reports."""
+    from harness.monitors.settle import settle_sweep
+
+    written = settle_sweep(sweep_dir)
+    for run_id, alerts in written.items():
+        out(f"late alerts in {run_id} (judged after it ended, when its paired run caught up): "
+            + "; ".join(f"step {a.step} {a.kind}" for a in alerts))
+        try:
+            from reports.run_report import build_run_report
+
+            build_run_report(sweep_dir / run_id)
+        except Exception as exc:  # noqa: BLE001 - the alerts are written; `python -m reports` can redraw
+            out(f"warning: could not redraw the report of {run_id} ({type(exc).__name__}: {exc})")
 
 
 def sweep_report(sweep_dir: Path, out) -> None:
@@ -134,7 +152,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         check_cells(cells, strict=True)  # every problem surfaces before the first submission
         if cfg.action == "status":
-            print_status(cells, cfg)
+            states = print_status(cells, cfg)
+            if not any(s.state in ("queued", "running") for s in states):
+                settle_alerts(Path(cfg.root) / cfg.sweep.name, print)
             return 0
         return launch(cells, cfg)
     except GridError as exc:

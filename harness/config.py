@@ -8,9 +8,11 @@ models, tasks and workflows it names is `harness/validation.py`'s job.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 TOPOLOGIES = ("single", "eval_opt", "voting", "orch_workers")
 # UnityMAS-O's workflows A-D, shipped as graphs (harness/workflows/graphs/<name>.yaml)
@@ -249,6 +251,12 @@ class MonitorConfig:
     drift: DriftConfig = field(default_factory=DriftConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     nonfinite: NonFiniteConfig = field(default_factory=NonFiniteConfig)
+
+
+def stored_cell_config(run: Path) -> "CellConfig":
+    """A run's resolved config from its cell.yaml, as it trained (no re-validation of its root)."""
+    stored = upgrade_stored(OmegaConf.to_container(OmegaConf.load(Path(run) / "cell.yaml")))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CellConfig), stored))
 
 
 def upgrade_stored(cell: dict) -> dict:

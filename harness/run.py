@@ -153,8 +153,8 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                          policies={p: [f"{r}:{i}" for r, i in policy_map.members(p)] for p in policy_map.policies},
                          model_dir=str(model_dir), warmup=warm_info(model_dir), reason=None, alerts=alert_counts)
 
-    def emit(alert) -> None:
-        run_dir.append("alerts.jsonl", alert.record())
+    def emit(alert, late: bool = False) -> None:
+        run_dir.append("alerts.jsonl", {**alert.record(), "late": True} if late else alert.record())
         alert_counts[alert.kind] = alert_counts.get(alert.kind, 0) + 1
         if alert.action != "log":
             log(f"[alert] step {alert.step} {alert.kind}: {alert.message}")
@@ -164,7 +164,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
 
     late = unwritten(replayed, written)  # judged only now: the paired run caught up
     for alert in late:
-        emit(alert)
+        emit(alert, late=True)
 
     def save(step: int, best_val: float) -> Path:
         def write(directory: Path) -> None:

@@ -31,6 +31,7 @@ from analysis.load import load_alerts, load_metrics
 from analysis.operating_curve import GRID, held_out, load_cells, shown, summary_line
 from analysis.operating_curve import curve as operating_curve
 from analysis.plots import failure_curve
+from harness.logging import read_jsonl
 from reports.render import esc, image, md_table, page, table, write
 
 MAX_CURVES = 4
@@ -81,10 +82,13 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
                                     out / f"failure{'' if until is None else f'-{until}'}_{r.cell_id}.png",
                                     title=r.cell_id))
     n_failed = sum(bool(r.labels) for r in results)
+    late = 0 if replay else sum(bool(a.get("late")) for r in results for a in read_jsonl(r.run_dir / "alerts.jsonl"))
     summary = (f"{len(results)} cells, {n_failed} with a failure label, {len(results) - n_failed} without; "
                f"at least {seeds_of(results)} seed(s) per arm. Alerts: "
                + ("replayed on the logged metrics by today's detectors (--replay)." if replay else
-                  "as the runs raised them (alerts.jsonl).")
+                  "as the runs raised them (alerts.jsonl)"
+                  + (f"; {late} judged only after their run ended, when its paired run caught up (marked late)."
+                     if late else "."))
                + (f" Scored on each run's first {until} steps only (--steps)." if until is not None else ""))
     if n_failed == 0:
         summary += (" No cell failed, so recall and lead cannot be measured here: the sweep did not reproduce a "

@@ -100,12 +100,11 @@ def test_a_run_logged_before_the_paired_run_was_one_monitors_setting_still_loads
     """cell.yaml files that kept the paired run under `monitors.amplification` (and `collapse`)."""
     from omegaconf import OmegaConf
 
-    from analysis.evaluate import cell_config
-    from harness.config import CellConfig
+    from harness.config import CellConfig, stored_cell_config
 
     stored = OmegaConf.to_container(OmegaConf.structured(CellConfig))
     del stored["monitors"]["reference_run"]
     stored["monitors"]["amplification"]["reference_run"] = "/runs/repro/single-math-tiny-m-s0"
     stored["monitors"]["collapse"]["reference_run"] = "/runs/repro/single-math-tiny-m-s0"
     (tmp_path / "cell.yaml").write_text(OmegaConf.to_yaml(stored))
-    assert cell_config(tmp_path).monitors.reference_run == "/runs/repro/single-math-tiny-m-s0"
+    assert stored_cell_config(tmp_path).monitors.reference_run == "/runs/repro/single-math-tiny-m-s0"

@@ -99,16 +99,22 @@ def launch(cells, cfg: DictConfig, out=print) -> int:
 def settle_alerts(sweep_dir: Path, out) -> None:
     """Once no cell is in flight, judge the steps that waited for a paired run still behind when
     their cell ended (harness/monitors/settle.py), and redraw those runs' reports."""
-    from harness.monitors.settle import settle_sweep
+    try:
+        from harness.config import stored_cell_config
+        from harness.monitors.settle import settle_sweep
 
-    written = settle_sweep(sweep_dir)
+        written = settle_sweep(sweep_dir, warn=out)
+    except Exception as exc:  # noqa: BLE001 - the sweep itself is over; a relaunch or action=status retries
+        out(f"warning: could not judge the runs' late steps ({type(exc).__name__}: {exc})")
+        return
     for run_id, alerts in written.items():
-        out(f"late alerts in {run_id} (judged after it ended, when its paired run caught up): "
+        out(f"late alerts in {run_id} (judged after it ended, when its paired run had caught up): "
             + "; ".join(f"step {a.step} {a.kind}" for a in alerts))
         try:
-            from reports.run_report import build_run_report
+            if stored_cell_config(sweep_dir / run_id).report:
+                from reports.run_report import build_run_report
 
-            build_run_report(sweep_dir / run_id)
+                build_run_report(sweep_dir / run_id)
         except Exception as exc:  # noqa: BLE001 - the alerts are written; `python -m reports` can redraw
             out(f"warning: could not redraw the report of {run_id} ({type(exc).__name__}: {exc})")
 

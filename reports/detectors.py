@@ -82,7 +82,9 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
                                     out / f"failure{'' if until is None else f'-{until}'}_{r.cell_id}.png",
                                     title=r.cell_id))
     n_failed = sum(bool(r.labels) for r in results)
-    late = 0 if replay else sum(bool(a.get("late")) for r in results for a in read_jsonl(r.run_dir / "alerts.jsonl"))
+    late = 0 if replay else sum(a.get("late") is True and a.get("kind") in TARGETS
+                                and (until is None or a.get("step", until) < until)
+                                for r in results for a in read_jsonl(r.run_dir / "alerts.jsonl"))
     summary = (f"{len(results)} cells, {n_failed} with a failure label, {len(results) - n_failed} without; "
                f"at least {seeds_of(results)} seed(s) per arm. Alerts: "
                + ("replayed on the logged metrics by today's detectors (--replay)." if replay else

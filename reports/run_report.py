@@ -99,8 +99,11 @@ def build_run_report(run: Path) -> Path:
     if gain is not None and not pd.isna(gain.get("gain_final")):
         summary.append(("gain over baseline", esc(f"{gain['gain_final']:+.3f} final, {gain['gain_peak']:+.3f} peak "
                                                   f"(vs {gain['baseline_id']})")))
-    alert_frame = alerts[["step", "kind", "role", "policy", "value", "threshold", "action", "message"]] \
+    late_column = ["late"] if "late" in alerts.columns else []  # judged after the run ended (harness/monitors/settle.py)
+    alert_frame = alerts[["step", "kind", "role", "policy", "value", "threshold", "action", "message"] + late_column] \
         if len(alerts) else pd.DataFrame()
+    if late_column:
+        alert_frame = alert_frame.assign(late=alert_frame["late"].eq(True).map({True: "late", False: ""}))
     roles = early_late(metrics) if len(metrics) else pd.DataFrame()
     policies = early_late(metrics, "policy") if len(metrics) else pd.DataFrame()
     agents = agent_rows(metrics) if len(metrics) else pd.DataFrame()

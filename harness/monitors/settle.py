@@ -1,64 +1,110 @@
 """The alerts a run could not raise while it trained, written once the run is over.
 
-`collapse` and `amplification` compare each step with the paired single-agent run's same step; a
-step that run has not logged yet waits. A cell that ends ahead of its paired run (on SLURM the
-baseline may start later, locally it may be slower) ends with steps that were never judged. A
-resume judges them (harness/run.py); a run that is never resumed needs this: once the sweep is
-over, replaying the run's metrics with its own monitor settings judges every step, and the alerts
-alerts.jsonl lacks are appended, marked `late` (raised after the fact: nobody could act on them).
+`collapse` (its training-accuracy warning) and `amplification` compare each step with the paired
+single-agent run's same step; a step that run has not logged yet waits. A cell that ends ahead of
+its paired run (on SLURM the baseline may start later, locally it may be slower) ends with steps
+that were never judged. A resume judges them (harness/run.py); a run that is never resumed needs
+this: once both runs are over, replaying the run's metrics with its own monitor settings judges
+every step, and the waiting detectors' alerts that alerts.jsonl lacks are appended, marked `late`
+(raised after the fact: nobody could act on them).
 """
 from __future__ import annotations
 
-import json
+import fcntl
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 from harness.logging import RunDir
 from harness.monitors.detectors import Alert
 from harness.monitors.monitor import Monitor, unwritten
 
-SETTLED_STATES = ("finished", "stopped_early", "diverged", "failed")  # not running: nothing else appends
+OVER = ("finished", "stopped_early", "diverged", "failed")  # a run no process is writing (its lock says so too)
+FINAL = ("finished", "stopped_early", "diverged")  # a paired run whose log will not change (a failed one resumes)
 
 
 def role_policies_of(status: dict) -> Dict[str, List[str]]:
-    """role -> the policies its instances train, from status.json's `policies` (policy -> role:instance)."""
-    role_policies: Dict[str, List[str]] = {}
+    """role -> the policies its instances train, sorted as harness/run.py builds it, from
+    status.json's `policies` (policy -> [role:instance, ...])."""
+    role_policies: Dict[str, set] = {}
     for policy, slots in (status.get("policies") or {}).items():
         for slot in slots:
-            role = slot.split(":")[0]
-            role_policies.setdefault(role, [])
-            if policy not in role_policies[role]:
-                role_policies[role].append(policy)
-    return role_policies
+            role_policies.setdefault(slot.split(":")[0], set()).add(policy)
+    return {role: sorted(policies) for role, policies in role_policies.items()}
+
+
+def waited_for_paired_run(alert: Alert) -> bool:
+    """Only these alerts can have been held back; any other replayed alert the log lacks would be a
+    difference between today's code and the run's, not a late judgement."""
+    return alert.kind == "amplification" or (alert.kind == "collapse" and alert.signal == "training vs paired run")
+
+
+def paired_run_of(run: Path, recorded: str) -> Path:
+    """The paired run beside the cell (where the grid puts it, even after the sweep moved), else the
+    recorded path (one a user set by hand)."""
+    beside = run.parent / Path(recorded).name
+    return beside if (beside / "metrics.jsonl").is_file() else Path(recorded)
 
 
 def late_alerts(run: Path) -> List[Alert]:
-    """Judge a run that is over against its paired run as that run stands now; append and return the
-    alerts alerts.jsonl lacks (none while the run is still running, or without a paired run)."""
+    """Judge a run that is over against its paired run, once that one is over too; append and
+    return the held-back alerts alerts.jsonl lacks. Nothing while either run may still change."""
     from harness.config import stored_cell_config
 
     run_dir = RunDir(run)
-    status = run_dir.read_status() or {}
-    if status.get("state") not in SETTLED_STATES or not (run / "cell.yaml").is_file():
+    if not (run / "cell.yaml").is_file() or not (run / "metrics.jsonl").is_file():
         return []
-    monitors = stored_cell_config(run).monitors
-    if not monitors.reference_run:
-        return []
-    recorded = Path(monitors.reference_run)
-    if not (recorded / "metrics.jsonl").is_file():  # the sweep directory moved: the paired run sits beside it
-        monitors.reference_run = str(run.parent / recorded.name)
-    replayed = Monitor(monitors, role_policies_of(status)).replay(run_dir.records("metrics.jsonl"))
-    late = unwritten(replayed, run_dir.records("alerts.jsonl"))
-    for alert in late:
-        run_dir.append("alerts.jsonl", {**alert.record(), "late": True})
-    return late
+    with open(run / ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held through the append: a resume waits
+        except BlockingIOError:
+            return []  # a harness.run process owns the run
+        status = run_dir.read_status() or {}
+        monitors = stored_cell_config(run).monitors
+        if status.get("state") not in OVER or not status.get("policies") or not monitors.reference_run:
+            return []
+        paired = paired_run_of(run, monitors.reference_run)
+        if (RunDir(paired).read_status() or {}).get("state") not in FINAL:
+            return []
+        monitors.reference_run = str(paired)
+        replayed = Monitor(monitors, role_policies_of(status)).replay(run_dir.records("metrics.jsonl"))
+        late = [a for a in unwritten(replayed, run_dir.records("alerts.jsonl")) if waited_for_paired_run(a)]
+        if late:
+            _end_torn_line(run_dir.file("alerts.jsonl"))
+            for alert in late:
+                run_dir.append("alerts.jsonl", {**alert.record(), "late": True})
+            counts = dict(status.get("alerts") or {})
+            for alert in late:
+                counts[alert.kind] = counts.get(alert.kind, 0) + 1
+            run_dir.write_status(status["state"], alerts=counts)
+        return late
 
 
-def settle_sweep(sweep_dir: Path) -> Dict[str, List[Alert]]:
-    """late_alerts of every run in a sweep directory; run id -> the alerts written now."""
-    written = {}
-    for run in sorted(p for p in Path(sweep_dir).iterdir() if (p / "metrics.jsonl").is_file()):
-        late = late_alerts(run)
+def _end_torn_line(path: Path) -> None:
+    """A run that died mid-write (a full disk) may leave a last line without its newline: close it, so
+    that line stays unreadable on its own and the next record is not glued to it."""
+    if path.is_file() and path.stat().st_size:
+        with open(path, "rb") as handle:
+            handle.seek(-1, 2)
+            torn = handle.read(1) != b"\n"
+        if torn:
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write("\n")
+
+
+def settle_sweep(sweep_dir: Path, warn: Optional[Callable[[str], None]] = None) -> Dict[str, List[Alert]]:
+    """late_alerts of every run in a sweep directory (run id -> the alerts written now); a run that
+    cannot be settled is named through `warn` and the others still are."""
+    written: Dict[str, List[Alert]] = {}
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        return written
+    for run in sorted(p for p in sweep_dir.iterdir() if (p / "cell.yaml").is_file()):
+        try:
+            late = late_alerts(run)
+        except Exception as exc:  # noqa: BLE001 - one unreadable run must not keep the others unjudged
+            if warn is not None:
+                warn(f"warning: could not judge the late steps of {run.name} ({type(exc).__name__}: {exc})")
+            continue
         if late:
             written[run.name] = late
     return written

@@ -81,7 +81,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     from harness.controller import Controller, sample_records
     from harness.engines import build_engine
     from harness.logging import WandbSink
-    from harness.monitors import Monitor, stop_reason, unwritten
+    from harness.monitors import Monitor, held_back, stop_reason
     from harness.warmup import prepare_model, warm_info
     from harness.sharing import PolicyMap
     from harness.tasks import build_task
@@ -127,13 +127,14 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     engine = build_engine(cfg, model_dir, policy_map.policies, run_dir.path / "engine", task=task)
     controller = Controller(cfg, task, workflow, policy_map, engine)
-    start, best = 0, -1.0
+    start, best, waiting = 0, -1.0, None
     checkpoint = resume.checkpoint
     if checkpoint is not None:
         engine.load(checkpoint)
         controller.load(checkpoint)
         state = OmegaConf.to_container(OmegaConf.load(checkpoint / "trainer.yaml"))
         start, best = int(state["step"]), float(state["best_val"])
+        waiting = state.get("waiting_for_paired_run", 0)  # a checkpoint older than the record: any step may wait
         log(f"resuming {cfg.cell_id} from step {start}")
     run_dir.truncate_from(start)
     for skipped in resume.skipped:  # after the truncation, so the record survives it
@@ -162,7 +163,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                 sink.alert(alert)
         run_dir.write_status("running", alerts=alert_counts, last_alert=alert.message)
 
-    late = unwritten(replayed, written)  # judged only now: the paired run caught up
+    late = held_back(replayed, written, waiting) if waiting is not None else []  # judged only now
     for alert in late:
         emit(alert, late=True)
 
@@ -170,7 +171,8 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
         def write(directory: Path) -> None:
             engine.save(directory)
             controller.save(directory)
-            (directory / "trainer.yaml").write_text(OmegaConf.to_yaml({"step": step, "best_val": best_val}))
+            (directory / "trainer.yaml").write_text(OmegaConf.to_yaml(
+                {"step": step, "best_val": best_val, "waiting_for_paired_run": monitor.waiting_since()}))
         return run_dir.save_checkpoint(step, write, keep=cfg.ckpt_keep)
 
     bar = _progress(cfg, start)
@@ -219,7 +221,8 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
             engine.shutdown()
         lock.close()
     run_dir.write_status(state, step=step + 1 if state == "stopped_early" else cfg.steps, best_val=best,
-                         reason=reason, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+                         reason=reason, finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                         waiting_for_paired_run=monitor.waiting_since())  # judged later: monitors/settle.py
     if sink is not None:
         sink.finish(state)
     if cfg.report:

@@ -6,7 +6,7 @@ import math
 import random
 
 from harness.config import MonitorConfig
-from harness.monitors import Monitor, stop_reason, unwritten
+from harness.monitors import Monitor, held_back, stop_reason, unwritten
 from harness.monitors.detectors import (AmplificationDetector, CaptureDetector, CollapseDetector, ReferenceRun,
                                         LengthDriftDetector, NonFiniteDetector)
 
@@ -268,19 +268,26 @@ def test_the_monitor_debounces_the_collapse_warning_apart_from_its_confirmation(
 
 def test_a_resume_writes_the_warnings_that_waited_for_the_paired_run_when_the_run_died(tmp_path):
     """The cell died while its last steps waited for a lagging paired run; on resume that run has
-    moved on, the replay judges them, and `unwritten` gives exactly the alerts alerts.jsonl lacks."""
+    moved on, the replay judges them, and `held_back` gives exactly the alerts alerts.jsonl lacks."""
     directory = tmp_path / "single"
-    _paired_run(directory, [0.5] * 12)
+
+    def paired_run(steps):  # its accuracy and its drift, so both waiting detectors judge what it has logged
+        directory.mkdir(exist_ok=True)
+        (directory / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, "accuracy": 0.5, "policy/solver/drift": 0.01 * s}) + "\n" for s in range(steps)))
+
+    paired_run(12)
     cfg = MonitorConfig(reference_run=str(directory))
     records = [{"step": s, "accuracy": 0.5 if s < 12 else 0.05} for s in range(25)]
     live = Monitor(cfg, VOTING_SP)
     written = [a.record() for r in records for a in live.observe(r)]
-    assert not written  # steps 12-24 still wait for the paired run when the cell dies
-    _paired_run(directory, [0.5] * 40)
-    late = unwritten(Monitor(cfg, VOTING_SP).replay(records), written)
+    assert not written and live.waiting_since() == 12  # steps 12-24 still wait for the paired run when the cell dies
+    paired_run(40)
+    late = held_back(Monitor(cfg, VOTING_SP).replay(records), written, live.waiting_since())
     assert late and all(a.signal == "training vs paired run" and 12 < a.step < 25 for a in late)
+    assert late == unwritten(Monitor(cfg, VOTING_SP).replay(records), written)  # nothing else differs
     # what was written already is not written twice
-    assert not unwritten(Monitor(cfg, VOTING_SP).replay(records), written + [a.record() for a in late])
+    assert not held_back(Monitor(cfg, VOTING_SP).replay(records), written + [a.record() for a in late], 12)
 
 
 def test_non_finite():

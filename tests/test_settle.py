@@ -16,7 +16,8 @@ POLICIES = {"shared": ["voter:0", "voter:1", "voter:2", "aggregator:0"]}
 
 def _paired_run(directory, steps, state="finished", accuracy=0.5):
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "accuracy": accuracy}) + "\n"
+    (directory / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "accuracy": accuracy,
+                                                                 "policy/solver/drift": 0.01 * s}) + "\n"
                                                      for s in range(steps)))
     (directory / "status.json").write_text(json.dumps({"state": state, "step": steps}))
 
@@ -37,8 +38,9 @@ def _cell_that_ended_ahead(sweep, state="finished", policies=POLICIES):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     live = Monitor(OmegaConf.to_object(cfg).monitors, role_policies_of({"policies": POLICIES}))
     (run / "alerts.jsonl").write_text("".join(json.dumps(a.record()) + "\n" for r in records for a in live.observe(r)))
+    assert live.waiting_since() == 12
     (run / "status.json").write_text(json.dumps({"state": state, "step": 40, "policies": policies,
-                                                 "alerts": {"collapse": 1}}))
+                                                 "alerts": {"collapse": 1}, "waiting_for_paired_run": 12}))
     return run, paired
 
 
@@ -55,8 +57,25 @@ def test_a_finished_run_gets_the_alerts_its_lagging_paired_run_held_back_once(tm
                         for a in late)
     written = read_jsonl(run / "alerts.jsonl")
     assert written[:len(live)] == live and all(w["late"] is True for w in written[len(live):])
-    assert json.loads((run / "status.json").read_text())["alerts"] == {"collapse": 1 + len(late)}
+    status = json.loads((run / "status.json").read_text())
+    assert status["alerts"] == {"collapse": 1 + len(late)} and status["waiting_for_paired_run"] is None
     assert not late_alerts(run)  # nothing is written twice
+
+
+def test_only_the_steps_the_run_left_waiting_are_judged(tmp_path):
+    """A replay differs from the log wherever today's code differs from the run's: those steps were
+    judged live, and nothing before the first waiting step (or in a run that recorded none) is written."""
+    run, paired = _cell_that_ended_ahead(tmp_path)
+    _paired_run(paired, 40)
+    status = json.loads((run / "status.json").read_text())
+    (run / "status.json").write_text(json.dumps({**status, "waiting_for_paired_run": 30}))
+    assert all(a.step >= 30 for a in late_alerts(run))
+    run, paired = _cell_that_ended_ahead(tmp_path / "older")
+    _paired_run(paired, 40)
+    status = json.loads((run / "status.json").read_text())
+    del status["waiting_for_paired_run"]  # a run logged before runs recorded their waiting steps
+    (run / "status.json").write_text(json.dumps(status))
+    assert not late_alerts(run)
 
 
 def test_only_alerts_that_waited_are_written_late(tmp_path):
@@ -107,3 +126,43 @@ def test_the_launcher_settles_a_finished_sweep_and_says_which_alerts_came_late(t
 def test_status_of_a_sweep_never_launched_settles_nothing_and_succeeds(tmp_path):
     assert launch_main([f"root={tmp_path}", "sweep=smoke", "action=status"]) == 0
     assert not (tmp_path / "smoke").exists()
+
+
+def test_a_trained_cell_records_the_steps_it_left_waiting_and_they_are_judged_later(tmp_path, warm_model_dir):
+    """A real voting-sp cell whose paired run has logged 3 steps and is still running: the cell ends
+    with steps 3-7 unjudged and says so in status.json and its checkpoint; a resume judges them;
+    once the paired run is over, the settle step judges the rest."""
+    from harness.run import run_cell
+    from tests.conftest import cell
+
+    paired = tmp_path / "single"
+    paired.mkdir()
+
+    def log_paired(steps, state):
+        (paired / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "accuracy": 0.5, "policy/solver/drift": 0.01})
+                                                      + "\n" for s in range(steps)))
+        (paired / "status.json").write_text(json.dumps({"state": state, "step": steps}))
+
+    log_paired(3, "running")
+    cfg = cell(tmp_path, "topology=voting", "sharing=sp", "steps=8", "val_every=4", "val_problems=4",
+               f"monitors.reference_run={paired}")
+    assert run_cell(cfg, log=lambda *_: None) == "finished"
+    run = tmp_path / cfg.sweep / cfg.cell_id
+    assert json.loads((run / "status.json").read_text())["waiting_for_paired_run"] == 3
+    assert not late_alerts(run)  # the paired run is still running
+    assert OmegaConf.load(run / "checkpoints" / "step_0000008" / "trainer.yaml").waiting_for_paired_run == 3
+
+    # raised to 10 steps, it resumes from step 8 with steps 3-7 judged now (the paired run reached them)
+    log_paired(8, "running")
+    cfg = cell(tmp_path, "topology=voting", "sharing=sp", "steps=10", "val_every=4", "val_problems=4",
+               f"monitors.reference_run={paired}")
+    assert run_cell(cfg, log=lambda *_: None) == "finished"
+    assert json.loads((run / "status.json").read_text())["waiting_for_paired_run"] == 8
+    assert all(a.get("late") is True and a["step"] >= 3 for a in read_jsonl(run / "alerts.jsonl")
+               if a["kind"] in ("amplification", "collapse") and a["step"] < 8)
+
+    log_paired(10, "finished")
+    late = late_alerts(run)
+    assert all(a.step >= 3 for a in late)
+    assert [a["step"] for a in read_jsonl(run / "alerts.jsonl") if a.get("late")] == [a.step for a in late]
+    assert json.loads((run / "status.json").read_text())["waiting_for_paired_run"] is None

@@ -4,7 +4,7 @@ Each detector sees one metrics record at a time (`observe(record) -> alerts`) an
 state derived from the records it has seen, so its output is a pure function of the stream (and,
 for the two that compare with the paired single-agent run, of that run's log: a step it has not
 reached yet waits): a resumed run replays metrics.jsonl and ends in the same state, and writes the
-alerts of steps that were still waiting when it died (harness.monitors.monitor.unwritten). Thresholds live in
+alerts of steps that were still waiting when it died (harness.monitors.monitor.held_back). Thresholds live in
 `harness.config.MonitorConfig` (see the README's detector table).
 """
 from __future__ import annotations
@@ -162,6 +162,10 @@ class AmplificationDetector:
                 break  # the paired run has not logged this step yet: keep the order, try again next step
             alerts += self._judge(self.pending.pop(0), reference, source)
         return alerts
+
+    def waiting_since(self) -> Optional[int]:
+        """The first step still waiting for the paired run (None: every step seen is judged)."""
+        return self.pending[0]["step"] if self.pending else None
 
     def _reference(self, entry: dict) -> Tuple[Optional[float], str]:
         if self.reference is not None:
@@ -438,6 +442,10 @@ class CollapseDetector:
 
     def observe(self, record: dict) -> List[Alert]:
         return self._trend(record) + self._validation(record)
+
+    def waiting_since(self) -> Optional[int]:
+        """The first step still waiting for the paired run (None: every step seen is judged)."""
+        return self.pending[0][0] if self.pending else None
 
     def _trend(self, record: dict) -> List[Alert]:
         if self.reference is None:

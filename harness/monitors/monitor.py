@@ -4,7 +4,7 @@ Actions per detector: `log` (alerts.jsonl only), `alert` (also printed and sent 
 `stop` (alert, then the run ends cleanly with status stopped_early). The same
 (kind, role, policy, signal) does not fire again within `debounce` steps. On resume the replay's
 alerts that never reached alerts.jsonl (steps that waited for the paired run when the run died)
-are written then.
+are written then (`held_back`).
 """
 from __future__ import annotations
 
@@ -32,10 +32,16 @@ class Monitor:
                 fired.append(alert)
         return fired
 
+    def waiting_since(self) -> Optional[int]:
+        """The first step a detector still holds for the paired run to reach (None: none): written to
+        status.json when the run ends, so that harness/monitors/settle.py judges exactly those steps."""
+        steps = [d.waiting_since() for d in self.detectors if hasattr(d, "waiting_since")]
+        return min((s for s in steps if s is not None), default=None)
+
     def replay(self, records: List[dict]) -> List[Alert]:
         """Rebuild detector state from records already logged; returns the alerts the replay raised.
         Most were written when those steps ran, but a step that waited for the paired run (collapse,
-        amplification) may only be judged now, when that run has moved on: `unwritten` finds those."""
+        amplification) may only be judged now, when that run has moved on: `held_back` finds those."""
         return [alert for record in records for alert in self.observe(record)]
 
 
@@ -52,3 +58,15 @@ def stop_reason(alerts: List[Alert]) -> Optional[str]:
         if alert.action == "stop":
             return f"{alert.kind}: {alert.message}"
     return None
+
+
+def waits_for_paired_run(alert: Alert) -> bool:
+    """The alerts a detector may hold back until the paired single-agent run reaches their step."""
+    return alert.kind == "amplification" or (alert.kind == "collapse" and alert.signal == "training vs paired run")
+
+
+def held_back(replayed: List[Alert], written: List[dict], since: int) -> List[Alert]:
+    """What a replay may add to alerts.jsonl: the waiting detectors' alerts from `since` (the first
+    step the run left waiting for its paired run) on that the log lacks. Any other difference
+    between a replay and the log is today's code differing from the run's, not a late judgement."""
+    return [alert for alert in unwritten(replayed, written) if alert.step >= since and waits_for_paired_run(alert)]

@@ -3,10 +3,12 @@
 `collapse` (its training-accuracy warning) and `amplification` compare each step with the paired
 single-agent run's same step; a step that run has not logged yet waits. A cell that ends ahead of
 its paired run (on SLURM the baseline may start later, locally it may be slower) ends with steps
-that were never judged. A resume judges them (harness/run.py); a run that is never resumed needs
-this: once both runs are over, replaying the run's metrics with its own monitor settings judges
-every step, and the waiting detectors' alerts that alerts.jsonl lacks are appended, marked `late`
-(raised after the fact: nobody could act on them).
+that were never judged, and writes the first of them to status.json (`waiting_for_paired_run`).
+A resume judges them (harness/run.py); a run that is never resumed needs this: once the paired run
+is over too, replaying the run's metrics with its own monitor settings judges those steps, and the
+waiting detectors' alerts from that step on are appended, marked `late` (raised after the fact:
+nobody could act on them). Only those steps: a replay also differs from the log wherever today's
+code differs from the run's, and that is not a late judgement.
 """
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ from typing import Callable, Dict, List, Optional
 
 from harness.logging import RunDir
 from harness.monitors.detectors import Alert
-from harness.monitors.monitor import Monitor, unwritten
+from harness.monitors.monitor import Monitor, held_back
 
-OVER = ("finished", "stopped_early", "diverged", "failed")  # a run no process is writing (its lock says so too)
+ENDED = ("finished", "stopped_early")  # the states a run's last status write records its waiting steps in
 FINAL = ("finished", "stopped_early", "diverged")  # a paired run whose log will not change (a failed one resumes)
 
 
@@ -32,12 +34,6 @@ def role_policies_of(status: dict) -> Dict[str, List[str]]:
     return {role: sorted(policies) for role, policies in role_policies.items()}
 
 
-def waited_for_paired_run(alert: Alert) -> bool:
-    """Only these alerts can have been held back; any other replayed alert the log lacks would be a
-    difference between today's code and the run's, not a late judgement."""
-    return alert.kind == "amplification" or (alert.kind == "collapse" and alert.signal == "training vs paired run")
-
-
 def paired_run_of(run: Path, recorded: str) -> Path:
     """The paired run beside the cell (where the grid puts it, even after the sweep moved), else the
     recorded path (one a user set by hand)."""
@@ -46,8 +42,8 @@ def paired_run_of(run: Path, recorded: str) -> Path:
 
 
 def late_alerts(run: Path) -> List[Alert]:
-    """Judge a run that is over against its paired run, once that one is over too; append and
-    return the held-back alerts alerts.jsonl lacks. Nothing while either run may still change."""
+    """Judge the steps a run that is over left waiting for its paired run, once that run is over
+    too; append and return their alerts. Nothing while either run may still change."""
     from harness.config import stored_cell_config
 
     run_dir = RunDir(run)
@@ -59,23 +55,25 @@ def late_alerts(run: Path) -> List[Alert]:
         except BlockingIOError:
             return []  # a harness.run process owns the run
         status = run_dir.read_status() or {}
+        since = status.get("waiting_for_paired_run")
         monitors = stored_cell_config(run).monitors
-        if status.get("state") not in OVER or not status.get("policies") or not monitors.reference_run:
+        if status.get("state") not in ENDED or not isinstance(since, int) or not status.get("policies") \
+                or not monitors.reference_run:
             return []
         paired = paired_run_of(run, monitors.reference_run)
         if (RunDir(paired).read_status() or {}).get("state") not in FINAL:
             return []
         monitors.reference_run = str(paired)
         replayed = Monitor(monitors, role_policies_of(status)).replay(run_dir.records("metrics.jsonl"))
-        late = [a for a in unwritten(replayed, run_dir.records("alerts.jsonl")) if waited_for_paired_run(a)]
+        late = held_back(replayed, run_dir.records("alerts.jsonl"), since)
         if late:
             _end_torn_line(run_dir.file("alerts.jsonl"))
             for alert in late:
                 run_dir.append("alerts.jsonl", {**alert.record(), "late": True})
-            counts = dict(status.get("alerts") or {})
-            for alert in late:
-                counts[alert.kind] = counts.get(alert.kind, 0) + 1
-            run_dir.write_status(status["state"], alerts=counts)
+        counts = dict(status.get("alerts") or {})
+        for alert in late:
+            counts[alert.kind] = counts.get(alert.kind, 0) + 1
+        run_dir.write_status(status["state"], alerts=counts, waiting_for_paired_run=None)  # judged: not again
         return late
 
 

@@ -82,6 +82,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     from harness.engines import build_engine
     from harness.logging import WandbSink
     from harness.monitors import Monitor, held_back, stop_reason
+    from harness.monitors.monitor import alert_key
     from harness.warmup import prepare_model, warm_info
     from harness.sharing import PolicyMap
     from harness.tasks import build_task
@@ -134,7 +135,11 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
         controller.load(checkpoint)
         state = OmegaConf.to_container(OmegaConf.load(checkpoint / "trainer.yaml"))
         start, best = int(state["step"]), float(state["best_val"])
-        waiting = state.get("waiting_for_paired_run", 0)  # a checkpoint older than the record: any step may wait
+        if "waiting_for_paired_run" in state:
+            waiting = state["waiting_for_paired_run"]
+        else:
+            log(f"checkpoint {checkpoint.name} predates the record of steps left waiting for the paired run: "
+                f"steps before {start} that waited stay unjudged (alerts.jsonl keeps what was judged live)")
         log(f"resuming {cfg.cell_id} from step {start}")
     run_dir.truncate_from(start)
     for skipped in resume.skipped:  # after the truncation, so the record survives it
@@ -144,8 +149,9 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     role_policies = {role.name: sorted({policy_map.policy_of(role.name, i) for i in range(role.instances)})
                      for role in workflow.roles()}
     monitor = Monitor(cfg.monitors, role_policies)
-    replayed = monitor.replay(run_dir.records("metrics.jsonl"))
     written = run_dir.records("alerts.jsonl")
+    # steps before `waiting` (all before `start` when none waited) were judged live: alerts.jsonl holds them
+    replayed = monitor.replay(run_dir.records("metrics.jsonl"), written, start if waiting is None else waiting)
     alert_counts: dict = {}
     for record in written:
         alert_counts[record["kind"]] = alert_counts.get(record["kind"], 0) + 1
@@ -166,6 +172,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     late = held_back(replayed, written, waiting) if waiting is not None else []  # judged only now
     for alert in late:
         emit(alert, late=True)
+    logged = {alert_key(record) for record in written} | {alert_key(alert.record()) for alert in late}
 
     def save(step: int, best_val: float) -> Path:
         def write(directory: Path) -> None:
@@ -194,7 +201,10 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                 sink.log(metrics)
             alerts = monitor.observe(metrics)
             for alert in alerts:
-                emit(alert)
+                if alert.step >= start:
+                    emit(alert)
+                elif alert_key(alert.record()) not in logged:  # a step before the resume, still waiting then
+                    emit(alert, late=True)
             reason = stop_reason(alerts)
             improved = metrics.get("val/accuracy", -1.0) > best
             best = max(best, metrics.get("val/accuracy", -1.0))

@@ -318,3 +318,21 @@ def test_monitor_debounces_and_stops():
     resumed = Monitor(cfg, VOTING_IP)
     resumed.replay(records[:17])
     assert expected and [a.step for r in records[17:] for a in resumed.observe(r)] == [s for s in expected if s >= 17]
+
+
+def test_the_paired_log_is_read_again_when_a_resume_rewrote_it(tmp_path):
+    """A resumed paired run rewrites its metrics.jsonl without the steps past its checkpoint (a new,
+    shorter file); reading on from the old offset would skip the step across it and keep stale values."""
+    from harness.logging import write_atomic
+
+    def log(values):
+        write_atomic(tmp_path / "metrics.jsonl", "".join(json.dumps({"step": s, "accuracy": a}) + "\n"
+                                                         for s, a in enumerate(values)))
+
+    log([0.5] * 10)
+    reference = ReferenceRun(str(tmp_path))
+    assert reference.accuracy_at(9) == 0.5
+    log([0.5] * 4)  # resumed from its step-4 checkpoint
+    assert reference.accuracy_at(9) is None and reference.accuracy_at(3) == 0.5
+    log([0.5] * 4 + [0.25] * 6)  # and re-logged steps 4-9
+    assert [reference.accuracy_at(s) for s in (4, 9)] == [0.25, 0.25]

@@ -5,24 +5,28 @@ from omegaconf import OmegaConf
 
 from grid.launch import main as launch_main
 from grid.launch import settle_alerts
-from harness.config import CellConfig
+from harness.config import CellConfig, stored_cell_config
 from harness.logging import read_jsonl
-from harness.monitors import Monitor
+from harness.monitors import Monitor, unwritten
 from harness.monitors.settle import late_alerts, role_policies_of, settle_sweep
 from reports.detectors import build_detector_report
 
 POLICIES = {"shared": ["voter:0", "voter:1", "voter:2", "aggregator:0"]}
 
 
+FALLING = [0.5] * 12 + [0.05] * 28  # the cell's own training accuracy, step for step
+
+
 def _paired_run(directory, steps, state="finished", accuracy=0.5):
+    """A single agent's log (training accuracy, a constant or per step, and drift) and status."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "accuracy": accuracy,
-                                                                 "policy/solver/drift": 0.01 * s}) + "\n"
-                                                     for s in range(steps)))
+    per_step = accuracy if isinstance(accuracy, list) else [accuracy] * steps
+    (directory / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "accuracy": per_step[s], "policy/solver/drift": 0.01 * s}) + "\n" for s in range(steps)))
     (directory / "status.json").write_text(json.dumps({"state": state, "step": steps}))
 
 
-def _cell_that_ended_ahead(sweep, state="finished", policies=POLICIES):
+def _cell_that_ended_ahead(sweep, state="finished", policies=POLICIES, debounce=25):
     """A voting-sp cell whose training and validation accuracy fall from step 12, run live while its
     paired single agent had logged only 12 steps: the training-accuracy warning waited for that run
     and was never judged; the validation confirmation (no paired run needed) was written live."""
@@ -31,6 +35,7 @@ def _cell_that_ended_ahead(sweep, state="finished", policies=POLICIES):
     run.mkdir(parents=True)
     cfg = OmegaConf.structured(CellConfig)
     cfg.topology, cfg.sharing, cfg.monitors.reference_run = "voting", "sp", str(paired)
+    cfg.monitors.debounce = debounce
     (run / "cell.yaml").write_text(OmegaConf.to_yaml(cfg))
     records = [{"step": s, "accuracy": 0.5 if s < 12 else 0.05} for s in range(40)]
     for r in records[::10]:
@@ -55,6 +60,9 @@ def test_a_finished_run_gets_the_alerts_its_lagging_paired_run_held_back_once(tm
     late = late_alerts(run)
     assert late and all(a.kind == "collapse" and a.signal == "training vs paired run" and 12 < a.step < 40
                         for a in late)
+    cfg = stored_cell_config(run).monitors  # what a live run would have raised
+    in_step = Monitor(cfg, role_policies_of({"policies": POLICIES})).replay(read_jsonl(run / "metrics.jsonl"))
+    assert late == unwritten(in_step, live)  # had its paired run kept pace: exactly these
     written = read_jsonl(run / "alerts.jsonl")
     assert written[:len(live)] == live and all(w["late"] is True for w in written[len(live):])
     status = json.loads((run / "status.json").read_text())
@@ -65,17 +73,37 @@ def test_a_finished_run_gets_the_alerts_its_lagging_paired_run_held_back_once(tm
 def test_only_the_steps_the_run_left_waiting_are_judged(tmp_path):
     """A replay differs from the log wherever today's code differs from the run's: those steps were
     judged live, and nothing before the first waiting step (or in a run that recorded none) is written."""
+    def settled(name, since, written=None):
+        run, paired = _cell_that_ended_ahead(tmp_path / name, debounce=1)  # a warning at every low step
+        _paired_run(paired, 40)
+        status = json.loads((run / "status.json").read_text())
+        (run / "status.json").write_text(json.dumps({**status, "waiting_for_paired_run": since}))
+        if written is not None:
+            (run / "alerts.jsonl").write_text("".join(json.dumps(w) + "\n" for w in written))
+        return [a.step for a in late_alerts(run)]
+
+    every = settled("all", 12)
+    assert min(every) < 30 and [s for s in every if s >= 30] == settled("from30", 30) != []
+    assert settled("older", None) == []  # a run that left no step waiting, or logged before the record
+
+
+def test_the_debounce_of_a_replay_follows_what_the_run_wrote(tmp_path):
+    """A warning the live run wrote at step 18 holds the next one back for `debounce` steps, as it
+    did live, even where today's replay would not have raised it there."""
     run, paired = _cell_that_ended_ahead(tmp_path)
     _paired_run(paired, 40)
+    warning = {"step": 18, "kind": "collapse", "role": None, "policy": None, "value": 0.1, "threshold": 0.3,
+               "message": "collapse warning", "action": "alert", "signal": "training vs paired run"}
     status = json.loads((run / "status.json").read_text())
-    (run / "status.json").write_text(json.dumps({**status, "waiting_for_paired_run": 30}))
-    assert all(a.step >= 30 for a in late_alerts(run))
-    run, paired = _cell_that_ended_ahead(tmp_path / "older")
+    (run / "status.json").write_text(json.dumps({**status, "waiting_for_paired_run": 20}))
+    (run / "alerts.jsonl").write_text(json.dumps(warning) + "\n")
+    assert all(a.step >= 18 + 25 for a in late_alerts(run))  # debounced from the logged 18
+    run, paired = _cell_that_ended_ahead(tmp_path / "unlogged")
     _paired_run(paired, 40)
     status = json.loads((run / "status.json").read_text())
-    del status["waiting_for_paired_run"]  # a run logged before runs recorded their waiting steps
-    (run / "status.json").write_text(json.dumps(status))
-    assert not late_alerts(run)
+    (run / "status.json").write_text(json.dumps({**status, "waiting_for_paired_run": 20}))
+    (run / "alerts.jsonl").write_text("")
+    assert [a.step for a in late_alerts(run)][:1] == [20]  # nothing logged before: the first waiting step warns
 
 
 def test_only_alerts_that_waited_are_written_late(tmp_path):
@@ -96,15 +124,28 @@ def test_a_run_that_may_still_change_is_left_alone(tmp_path):
     assert [a["signal"] for a in read_jsonl(running / "alerts.jsonl")] == ["validation"]
 
 
-def test_the_paired_run_beside_the_cell_wins_over_the_recorded_path(tmp_path):
+def test_after_a_move_the_paired_run_beside_the_cell_wins_over_the_recorded_path(tmp_path):
     """After a sweep moved, its recorded path may hold another run (a new sweep of the same name)."""
-    run, paired = _cell_that_ended_ahead(tmp_path / "old")
+    run, paired = _cell_that_ended_ahead(tmp_path / "old" / "repro")
     _paired_run(paired, 40)
-    moved = tmp_path / "new"
-    (tmp_path / "old").rename(moved)
-    _paired_run(paired, 40, accuracy=0.05)  # the old place, reused: the cell matches this one step for step
-    assert set(settle_sweep(moved)) == {run.name}
-    assert not late_alerts(paired.parent / run.name)  # (nothing there to settle)
+    moved = tmp_path / "new" / "repro"
+    moved.parent.mkdir()
+    (tmp_path / "old" / "repro").rename(moved)
+    _paired_run(paired, 40, accuracy=FALLING)  # the old place, reused: the cell matches it step for step
+    assert set(settle_sweep(moved)) == {run.name}  # judged against its own paired run, which stayed at 0.5
+
+
+def test_a_paired_run_a_user_chose_in_another_sweep_is_kept(tmp_path):
+    """`monitors.reference_run` set by hand to another sweep's baseline: the grid's own baseline
+    beside the cell is not the run the cell read live."""
+    run, beside = _cell_that_ended_ahead(tmp_path / "repro")
+    _paired_run(beside, 40)
+    chosen = tmp_path / "baselines" / "single-s0"
+    _paired_run(chosen, 40, accuracy=FALLING)  # the cell matches it: nothing to warn of
+    cfg = OmegaConf.load(run / "cell.yaml")
+    cfg.monitors.reference_run = str(chosen)
+    (run / "cell.yaml").write_text(OmegaConf.to_yaml(cfg))
+    assert not late_alerts(run)
 
 
 def test_the_launcher_settles_a_finished_sweep_and_says_which_alerts_came_late(tmp_path):
@@ -131,38 +172,40 @@ def test_status_of_a_sweep_never_launched_settles_nothing_and_succeeds(tmp_path)
 def test_a_trained_cell_records_the_steps_it_left_waiting_and_they_are_judged_later(tmp_path, warm_model_dir):
     """A real voting-sp cell whose paired run has logged 3 steps and is still running: the cell ends
     with steps 3-7 unjudged and says so in status.json and its checkpoint; a resume judges them;
-    once the paired run is over, the settle step judges the rest."""
+    once the paired run is over, the settle step judges the rest. `amplification` is set to fire at
+    every step it judges (no thresholds, no debounce), so each step's judgement shows in alerts.jsonl."""
     from harness.run import run_cell
     from tests.conftest import cell
 
     paired = tmp_path / "single"
-    paired.mkdir()
+    every_step = ["monitors.amplification.min_step=0", "monitors.amplification.patience=1",
+                  "monitors.amplification.min_ratio=0", "monitors.amplification.min_coherence=0",
+                  "monitors.amplification.min_update_ratio=0", "monitors.debounce=1"]
 
-    def log_paired(steps, state):
-        (paired / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "accuracy": 0.5, "policy/solver/drift": 0.01})
-                                                      + "\n" for s in range(steps)))
-        (paired / "status.json").write_text(json.dumps({"state": state, "step": steps}))
+    def train(steps):
+        cfg = cell(tmp_path, "topology=voting", "sharing=sp", f"steps={steps}", "val_every=4", "val_problems=4",
+                   f"monitors.reference_run={paired}", *every_step)
+        assert run_cell(cfg, log=lambda *_: None) == "finished"
+        return tmp_path / cfg.sweep / cfg.cell_id
 
-    log_paired(3, "running")
-    cfg = cell(tmp_path, "topology=voting", "sharing=sp", "steps=8", "val_every=4", "val_problems=4",
-               f"monitors.reference_run={paired}")
-    assert run_cell(cfg, log=lambda *_: None) == "finished"
-    run = tmp_path / cfg.sweep / cfg.cell_id
+    def judged(run):  # amplification's alerts, by step: (late or not)
+        alerts = [a for a in read_jsonl(run / "alerts.jsonl") if a["kind"] == "amplification"]
+        assert len({(a["step"], a["policy"]) for a in alerts}) == len(alerts)  # none written twice
+        return {a["step"]: bool(a.get("late")) for a in alerts}
+
+    _paired_run(paired, 3, state="running")
+    run = train(8)
     assert json.loads((run / "status.json").read_text())["waiting_for_paired_run"] == 3
-    assert not late_alerts(run)  # the paired run is still running
     assert OmegaConf.load(run / "checkpoints" / "step_0000008" / "trainer.yaml").waiting_for_paired_run == 3
+    assert judged(run) == {0: False, 1: False, 2: False}
+    assert not late_alerts(run)  # the paired run is still running
 
-    # raised to 10 steps, it resumes from step 8 with steps 3-7 judged now (the paired run reached them)
-    log_paired(8, "running")
-    cfg = cell(tmp_path, "topology=voting", "sharing=sp", "steps=10", "val_every=4", "val_problems=4",
-               f"monitors.reference_run={paired}")
-    assert run_cell(cfg, log=lambda *_: None) == "finished"
+    _paired_run(paired, 8, state="running")  # it has caught up to step 7
+    train(10)  # raised to 10 steps: resumes from step 8, judging steps 3-7 now
     assert json.loads((run / "status.json").read_text())["waiting_for_paired_run"] == 8
-    assert all(a.get("late") is True and a["step"] >= 3 for a in read_jsonl(run / "alerts.jsonl")
-               if a["kind"] in ("amplification", "collapse") and a["step"] < 8)
+    assert judged(run) == {0: False, 1: False, 2: False, 3: True, 4: True, 5: True, 6: True, 7: True}
 
-    log_paired(10, "finished")
-    late = late_alerts(run)
-    assert all(a.step >= 3 for a in late)
-    assert [a["step"] for a in read_jsonl(run / "alerts.jsonl") if a.get("late")] == [a.step for a in late]
+    _paired_run(paired, 10)  # over
+    assert [a.step for a in late_alerts(run)] == [8, 9]
+    assert judged(run) == {**{s: False for s in range(3)}, **{s: True for s in range(3, 10)}}
     assert json.loads((run / "status.json").read_text())["waiting_for_paired_run"] is None

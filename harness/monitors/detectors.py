@@ -69,17 +69,17 @@ class ReferenceRun:
     def __init__(self, run_dir: str):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.offset = 0
+        self.identity: Optional[Tuple[int, int]] = None  # (inode, device) of the file read so far
+        self.size = -1  # its size at the last read
         self.drift: Dict[int, float] = {}
         self.accuracy: Dict[int, float] = {}
 
     def drift_at(self, step: int) -> Optional[float]:
-        if step not in self.drift:
-            self._read()
+        self._read()
         return self.drift.get(step)
 
     def accuracy_at(self, step: int) -> Optional[float]:
-        if step not in self.accuracy:
-            self._read()
+        self._read()
         return self.accuracy.get(step)
 
     def ended_before(self, step: int) -> bool:
@@ -95,8 +95,19 @@ class ReferenceRun:
         return status.get("state") in ("finished", "stopped_early", "diverged") and all(s < step for s in seen)
 
     def _read(self) -> None:
-        if not self.path.is_file():
+        try:
+            stat = self.path.stat()
+        except OSError:
             return
+        if (stat.st_ino, stat.st_dev) != self.identity or stat.st_size < self.offset:
+            # replaced (a resumed paired run rewrites its log without the steps past its checkpoint):
+            # read it again from the start, or the line across the old offset is never parsed
+            self.identity, self.offset, self.size = (stat.st_ino, stat.st_dev), 0, -1
+            self.drift.clear()
+            self.accuracy.clear()
+        if stat.st_size == self.size:
+            return  # nothing new since the last read (one stat per lookup)
+        self.size = stat.st_size
         with self.path.open("rb") as handle:
             handle.seek(self.offset)
             data = handle.read()

@@ -21,15 +21,17 @@ class Monitor:
         self.last_fired: Dict[Tuple[str, Optional[str], Optional[str], Optional[str]], int] = {}
 
     def observe(self, record: dict) -> List[Alert]:
+        return self._debounced([alert for detector in self.detectors for alert in detector.observe(record)])
+
+    def _debounced(self, alerts: List[Alert]) -> List[Alert]:
         fired = []
-        for detector in self.detectors:
-            for alert in detector.observe(record):
-                key = (alert.kind, alert.role, alert.policy, alert.signal)
-                last = self.last_fired.get(key)
-                if last is not None and alert.step - last < self.cfg.debounce:
-                    continue
-                self.last_fired[key] = alert.step
-                fired.append(alert)
+        for alert in alerts:
+            key = alert_key(alert.record())[1:]
+            last = self.last_fired.get(key)
+            if last is not None and alert.step - last < self.cfg.debounce:
+                continue
+            self.last_fired[key] = alert.step
+            fired.append(alert)
         return fired
 
     def waiting_since(self) -> Optional[int]:
@@ -38,19 +40,37 @@ class Monitor:
         steps = [d.waiting_since() for d in self.detectors if hasattr(d, "waiting_since")]
         return min((s for s in steps if s is not None), default=None)
 
-    def replay(self, records: List[dict]) -> List[Alert]:
+    def replay(self, records: List[dict], written: Optional[List[dict]] = None,
+               since: Optional[int] = None) -> List[Alert]:
         """Rebuild detector state from records already logged; returns the alerts the replay raised.
         Most were written when those steps ran, but a step that waited for the paired run (collapse,
-        amplification) may only be judged now, when that run has moved on: `held_back` finds those."""
-        return [alert for record in records for alert in self.observe(record)]
+        amplification) may only be judged now, when that run has moved on: `held_back` finds those.
+        With `since` (the first step the run left waiting), steps before it were judged live: their
+        alerts are the ones in `written` (alerts.jsonl), which also set the debounce, whatever this
+        replay makes of those steps (newer code, or a paired log rewritten since)."""
+        if since is None:
+            return [alert for record in records for alert in self.observe(record)]
+        for logged in written or []:
+            step = logged.get("step")
+            if isinstance(step, int) and step < since:
+                key = alert_key(logged)[1:]
+                self.last_fired[key] = max(step, self.last_fired.get(key, step))
+        raised = []
+        for record in records:
+            alerts = [a for d in self.detectors for a in d.observe(record) if a.step >= since]
+            raised += self._debounced(alerts)
+        return raised
+
+
+def alert_key(alert: dict) -> tuple:
+    """(step, kind, role, policy, signal): one alert's identity in alerts.jsonl."""
+    return alert.get("step"), alert.get("kind"), alert.get("role"), alert.get("policy"), alert.get("signal")
 
 
 def unwritten(alerts: List[Alert], written: List[dict]) -> List[Alert]:
     """The alerts with no record in alerts.jsonl yet (same step, kind, role, policy and signal)."""
-    def key(a: dict) -> tuple:
-        return a.get("step"), a.get("kind"), a.get("role"), a.get("policy"), a.get("signal")
-    seen = {key(record) for record in written}
-    return [alert for alert in alerts if key(alert.record()) not in seen]
+    seen = {alert_key(record) for record in written}
+    return [alert for alert in alerts if alert_key(alert.record()) not in seen]
 
 
 def stop_reason(alerts: List[Alert]) -> Optional[str]:

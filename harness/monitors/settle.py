@@ -35,10 +35,14 @@ def role_policies_of(status: dict) -> Dict[str, List[str]]:
 
 
 def paired_run_of(run: Path, recorded: str) -> Path:
-    """The paired run beside the cell (where the grid puts it, even after the sweep moved), else the
-    recorded path (one a user set by hand)."""
-    beside = run.parent / Path(recorded).name
-    return beside if (beside / "metrics.jsonl").is_file() else Path(recorded)
+    """The paired run the cell read live: the recorded path, unless the sweep has moved (the same
+    sweep's run of that name sits beside the cell while the recorded place is gone or now belongs to
+    another directory of the same sweep name); a path a user set to another sweep's run is kept."""
+    recorded_path, beside = Path(recorded), run.parent / Path(recorded).name
+    moved = recorded_path.parent.name == run.parent.name and recorded_path.parent.resolve() != run.parent.resolve()
+    if (beside / "metrics.jsonl").is_file() and (moved or not (recorded_path / "metrics.jsonl").is_file()):
+        return beside
+    return recorded_path
 
 
 def late_alerts(run: Path) -> List[Alert]:
@@ -51,7 +55,7 @@ def late_alerts(run: Path) -> List[Alert]:
         return []
     with open(run / ".lock", "a") as lock:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held through the append: a resume waits
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held through the append (a cell started now is refused)
         except BlockingIOError:
             return []  # a harness.run process owns the run
         status = run_dir.read_status() or {}
@@ -64,8 +68,9 @@ def late_alerts(run: Path) -> List[Alert]:
         if (RunDir(paired).read_status() or {}).get("state") not in FINAL:
             return []
         monitors.reference_run = str(paired)
-        replayed = Monitor(monitors, role_policies_of(status)).replay(run_dir.records("metrics.jsonl"))
-        late = held_back(replayed, run_dir.records("alerts.jsonl"), since)
+        written = run_dir.records("alerts.jsonl")
+        replayed = Monitor(monitors, role_policies_of(status)).replay(run_dir.records("metrics.jsonl"), written, since)
+        late = held_back(replayed, written, since)
         if late:
             _end_torn_line(run_dir.file("alerts.jsonl"))
             for alert in late:

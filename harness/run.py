@@ -139,7 +139,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
             waiting = state["waiting_for_paired_run"]
         else:
             log(f"checkpoint {checkpoint.name} predates the record of steps left waiting for the paired run: "
-                f"steps before {start} that waited stay unjudged (alerts.jsonl keeps what was judged live)")
+                f"steps before {start} that waited for it may stay unjudged (alerts.jsonl keeps what was judged live)")
         log(f"resuming {cfg.cell_id} from step {start}")
     run_dir.truncate_from(start)
     for skipped in resume.skipped:  # after the truncation, so the record survives it

@@ -140,7 +140,7 @@ class AmplificationDetector:
     (docs/repro-search.md)."""
 
     kind = "amplification"
-    paired = True  # takes the paired run's reference (build_detector)
+    paired_signals = (None,)  # its alerts judged against the paired run (build_detector gives it the reference)
 
     def __init__(self, cfg, role_policies: Dict[str, List[str]], reference: Optional[ReferenceRun] = None):
         self.cfg = cfg
@@ -420,6 +420,9 @@ class LengthDriftDetector:
                 f"(early band {mean:.1f} ± {spread:.1f}, z = {z:+.1f})" if hot else "")
 
 
+TREND_SIGNAL = "training vs paired run"  # the collapse warning's signal (its confirmation: "validation")
+
+
 class CollapseDetector:
     """Two rules, both relative and both beyond the estimate's noise, so a low-accuracy model's
     collapse (0.25 -> 0.08) counts and one unlucky sample does not:
@@ -439,7 +442,7 @@ class CollapseDetector:
       label's rule, analysis.labels)."""
 
     kind = "collapse"
-    paired = True  # takes the paired run's reference (build_detector)
+    paired_signals = (TREND_SIGNAL,)  # the warning is judged against the paired run, the confirmation is not
 
     def __init__(self, cfg, role_policies=None, reference: Optional[ReferenceRun] = None):
         self.cfg = cfg
@@ -497,7 +500,7 @@ class CollapseDetector:
                       f"training problems right, the paired single agent {paired:.2f} of the same problems: below "
                       f"{self.cfg.fraction:.0%} of the {self.early_ratio:.2f}x it managed over its first "
                       f"{len(self.pairs)} steps, by more than {self.cfg.se:g} SE of the paired differences "
-                      f"({self.cfg.se * noise:.3f})", self.cfg.action, signal="training vs paired run")]
+                      f"({self.cfg.se * noise:.3f})", self.cfg.action, signal=TREND_SIGNAL)]
 
     def _validation(self, record: dict) -> List[Alert]:
         accuracy = record.get("val/accuracy")
@@ -555,4 +558,9 @@ def build_detector(name: str, cfg, role_policies: Dict[str, List[str]], referenc
     single-agent run (amplification: drift, collapse: training accuracy) share one `reference`, so
     the paired run's log is read once for both."""
     cls = DETECTORS[name]
-    return cls(cfg, role_policies, reference) if getattr(cls, "paired", False) else cls(cfg, role_policies)
+    return cls(cfg, role_policies, reference) if getattr(cls, "paired_signals", ()) else cls(cfg, role_policies)
+
+
+# (kind, signal) of the alerts a detector judges against the paired run: a step that run has not
+# logged yet waits, so these are the only alerts a later replay may add (harness.monitors.monitor.held_back)
+PAIRED_ALERTS = {(cls.kind, signal) for cls in DETECTORS.values() for signal in getattr(cls, "paired_signals", ())}

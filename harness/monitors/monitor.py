@@ -8,9 +8,9 @@ are written then (`held_back`).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from harness.monitors.detectors import DETECTORS, Alert, ReferenceRun, build_detector
+from harness.monitors.detectors import DETECTORS, PAIRED_ALERTS, Alert, ReferenceRun, build_detector
 
 
 class Monitor:
@@ -40,25 +40,21 @@ class Monitor:
         steps = [d.waiting_since() for d in self.detectors if hasattr(d, "waiting_since")]
         return min((s for s in steps if s is not None), default=None)
 
-    def replay(self, records: List[dict], written: Optional[List[dict]] = None,
-               since: Optional[int] = None) -> List[Alert]:
+    def replay(self, records: List[dict], written: Sequence[dict] = (), since: int = 0) -> List[Alert]:
         """Rebuild detector state from records already logged; returns the alerts the replay raised.
         Most were written when those steps ran, but a step that waited for the paired run (collapse,
         amplification) may only be judged now, when that run has moved on: `held_back` finds those.
         With `since` (the first step the run left waiting), steps before it were judged live: their
         alerts are the ones in `written` (alerts.jsonl), which also set the debounce, whatever this
         replay makes of those steps (newer code, or a paired log rewritten since)."""
-        if since is None:
-            return [alert for record in records for alert in self.observe(record)]
-        for logged in written or []:
+        for logged in written:
             step = logged.get("step")
             if isinstance(step, int) and step < since:
                 key = alert_key(logged)[1:]
                 self.last_fired[key] = max(step, self.last_fired.get(key, step))
         raised = []
         for record in records:
-            alerts = [a for d in self.detectors for a in d.observe(record) if a.step >= since]
-            raised += self._debounced(alerts)
+            raised += self._debounced([a for d in self.detectors for a in d.observe(record) if a.step >= since])
         return raised
 
 
@@ -80,13 +76,9 @@ def stop_reason(alerts: List[Alert]) -> Optional[str]:
     return None
 
 
-def waits_for_paired_run(alert: Alert) -> bool:
-    """The alerts a detector may hold back until the paired single-agent run reaches their step."""
-    return alert.kind == "amplification" or (alert.kind == "collapse" and alert.signal == "training vs paired run")
-
-
 def held_back(replayed: List[Alert], written: List[dict], since: int) -> List[Alert]:
     """What a replay may add to alerts.jsonl: the waiting detectors' alerts from `since` (the first
     step the run left waiting for its paired run) on that the log lacks. Any other difference
     between a replay and the log is today's code differing from the run's, not a late judgement."""
-    return [alert for alert in unwritten(replayed, written) if alert.step >= since and waits_for_paired_run(alert)]
+    return [alert for alert in unwritten(replayed, written)
+            if alert.step >= since and (alert.kind, alert.signal) in PAIRED_ALERTS]

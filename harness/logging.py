@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 LOG_FILES = ("metrics.jsonl", "alerts.jsonl", "samples.jsonl")
 STATES = ("running", "finished", "stopped_early", "failed", "diverged")
+FINAL_STATES = ("finished", "stopped_early", "diverged")  # nothing writes the run again (a failed one may resume)
 STATUS_BYTES = 4096  # status.json is padded to this: a failure's status can be written in place on a full disk
 STATUS_ESSENTIAL = ("state", "step", "cell_id", "reason", "failure_log", "updated")
 

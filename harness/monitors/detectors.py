@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Deque, Dict, List, Optional, Tuple
 
+from harness.logging import FINAL_STATES
+
 
 @dataclass(frozen=True)
 class Alert:
@@ -92,7 +94,7 @@ class ReferenceRun:
             return False
         self._read()
         seen = self.drift.keys() | self.accuracy.keys()
-        return status.get("state") in ("finished", "stopped_early", "diverged") and all(s < step for s in seen)
+        return status.get("state") in FINAL_STATES and all(s < step for s in seen)
 
     def _read(self) -> None:
         try:

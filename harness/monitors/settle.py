@@ -16,12 +16,11 @@ import fcntl
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from harness.logging import RunDir
+from harness.logging import FINAL_STATES, RunDir
 from harness.monitors.detectors import Alert
 from harness.monitors.monitor import Monitor, held_back
 
 ENDED = ("finished", "stopped_early")  # the states a run's last status write records its waiting steps in
-FINAL = ("finished", "stopped_early", "diverged")  # a paired run whose log will not change (a failed one resumes)
 
 
 def role_policies_of(status: dict) -> Dict[str, List[str]]:
@@ -65,7 +64,7 @@ def late_alerts(run: Path) -> List[Alert]:
                 or not monitors.reference_run:
             return []
         paired = paired_run_of(run, monitors.reference_run)
-        if (RunDir(paired).read_status() or {}).get("state") not in FINAL:
+        if (RunDir(paired).read_status() or {}).get("state") not in FINAL_STATES:  # its log will not change
             return []
         monitors.reference_run = str(paired)
         written = run_dir.records("alerts.jsonl")

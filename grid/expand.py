@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -75,13 +76,37 @@ def _load_axis(axis: str, value: str) -> Dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(path)) or {}
 
 
-def concrete_task(task_axis: str, scale: str) -> str:
+TASK_DATA = ("checkpoint", "study")  # sweep.task_data: what the task axis maps to on Qwen3 scales
+DATA_ROOT_ENV = "MARL_DATA_ROOT"
+
+
+def task_overrides(task_axis: str, scale: str, task_data: str, data_root: Optional[str]) -> Dict[str, Any]:
+    """The cell settings a task axis value implies: its concrete task (a tiny model trains on the
+    synthetic task; a Qwen3 checkpoint on the sweep's `task_data`: `checkpoint`'s offline set, or
+    `study`'s files under the site data root, with the study's split and validation set)."""
     from harness.models import SCALES, is_tiny
 
     if scale not in SCALES:
         raise GridError(f"unknown scale '{scale}' in the sweep; valid choices: {', '.join(SCALES)}")
+    if task_data not in TASK_DATA:
+        raise GridError(f"unknown sweep.task_data '{task_data}'; valid choices: {', '.join(TASK_DATA)}")
     mapping = _axis_overrides("task", task_axis)
-    return mapping["tiny" if is_tiny(scale) else "checkpoint"]
+    if is_tiny(scale) or task_data == "checkpoint":
+        return {"task": mapping["tiny" if is_tiny(scale) else "checkpoint"]}
+    study = mapping.get(task_data)
+    if not study:
+        raise GridError(f"task axis '{task_axis}' has no {task_data} data set (grid/conf/task/{task_axis}.yaml)")
+    root = data_root or os.environ.get(DATA_ROOT_ENV) or f"${DATA_ROOT_ENV}"
+    files = {key: str(Path(root).expanduser() / name) for key, name in (study.get("files") or {}).items()}
+    return _merge(study.get("cell") or {}, {"task": study["task"], "data": files})
+
+
+def missing_data(overrides: Dict[str, Any]) -> List[str]:
+    """The data files a cell reads that are not on this machine (its train and validation files,
+    a retrieval corpus)."""
+    data = overrides.get("data") or {}
+    return [str(data[key]) for key in ("path", "val_path", "corpus")
+            if data.get(key) and not Path(os.path.expandvars(str(data[key]))).expanduser().is_file()]
 
 
 def cell_id(axes: Dict[str, Any], extra: Dict[str, str]) -> str:
@@ -137,6 +162,7 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
     paired = _paired_axes(sweep, extra_axes)
     excluded = _exclusions(sweep)
     base = OmegaConf.to_container(sweep.cell) if sweep.get("cell") is not None else {}
+    data = (str(sweep.get("task_data") or "checkpoint"), (base.get("data") or {}).get("root"))
     cells: Dict[str, Cell] = {}
     extra_product = list(itertools.product(*[[(name, label) for label in labels]
                                              for name, labels in sorted(extra_axes.items())])) or [()]
@@ -148,12 +174,12 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
             if any(_matches({**point, **extra}, rule) for rule in excluded):
                 continue
             extra_overrides = [extra_axes[name][label] or {} for name, label in extras]
-            cell = _make_cell(point, extra, base, extra_overrides, sweep.name, root, cluster)
+            cell = _make_cell(point, extra, base, extra_overrides, sweep.name, root, cluster, data)
             if sweep.get("baseline", True) and topology != "single":
                 shared = [(name, label) for name, label in extras if name in paired]
                 baseline = _make_cell(baseline_point, dict(shared), base,
                                       [extra_axes[name][label] or {} for name, label in shared],
-                                      sweep.name, root, cluster)
+                                      sweep.name, root, cluster, data)
                 cells.setdefault(baseline.cell_id, baseline)
                 cell.baseline_id = baseline.cell_id
                 _reference_run(cell, baseline)
@@ -217,12 +243,14 @@ def _reference_run(cell: Cell, baseline: Cell) -> None:
 
 
 def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any], extra_overrides: List[dict],
-               sweep_name: str, root: str, cluster: DictConfig) -> Cell:
+               sweep_name: str, root: str, cluster: DictConfig, data: Tuple[str, Optional[str]]) -> Cell:
     identity = cell_id(point, extra)
     resources = resources_for(cluster, point["scale"])
+    task = task_overrides(point["task"], point["scale"], *data)
     overrides = _merge(
         _budgets(point["task"], point["scale"], point["topology"]),
         _engine_placement(resources),
+        {k: v for k, v in task.items() if k != "task"},
         base,
         _axis_overrides("topology", point["topology"]),
         _axis_overrides("sharing", point["sharing"]),
@@ -230,7 +258,7 @@ def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any
         gpu_type_overrides(cluster, resources, point["scale"]),
         *extra_overrides,
         {"topology": point["topology"], "sharing": point["sharing"], "scale": point["scale"],
-         "task": concrete_task(point["task"], point["scale"]), "seed": point["seed"],
+         "task": task["task"], "seed": point["seed"],
          "sweep": sweep_name, "root": str(root), "cell_id": identity,
          "extra": {"task_axis": point["task"], **extra}},
     )
@@ -262,12 +290,20 @@ def check_cells(cells: List[Cell], strict: bool) -> None:
     from harness.validation import config_from_dict
 
     for cell in cells:
+        missing = missing_data(cell.overrides)
+        if missing:
+            hint = (f" (set sweep.cell.data.root= or ${DATA_ROOT_ENV})"
+                    if any(f"${DATA_ROOT_ENV}" in m for m in missing) else "")
+            if strict:
+                raise GridError(f"cell {cell.cell_id}: missing data files: {', '.join(missing)}{hint}")
+            cell.notes.append(f"missing data: {', '.join(missing)}{hint}")
         try:
             config_from_dict(cell.overrides)
         except ConfigError as exc:
             if strict:
                 raise GridError(f"cell {cell.cell_id}: {exc}") from None
-            cell.notes.append(str(exc).splitlines()[0])
+            if not (missing and str(exc).startswith("data.")):  # already listed above
+                cell.notes.append(str(exc).splitlines()[0])
 
 
 def table(cells: List[Cell]) -> str:

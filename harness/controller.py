@@ -50,6 +50,7 @@ class Controller:
         asked, default = workflow.role_budgets(), cfg.workflow.max_new_tokens
         self.budgets = {r: int(cfg.workflow.role_max_new_tokens.get(r, max(default, asked.get(r, default))))
                         for r in roles}
+        self.per_instance = {r.name for r in workflow.roles() if r.trajectory == "instance"}  # GRPO's groups
         self.train_problems = task.problems("train")
         self.val_problems = task.problems("val")[: cfg.val_problems]
         self.critic = None
@@ -98,7 +99,7 @@ class Controller:
             assign_rewards(episode, self.cfg.reward)
         if self.critic is None:
             assign_advantages(episodes, self.cfg.algo.norm_adv_by_std, self.cfg.algo.adv_grouping,
-                              norm=self.cfg.algo.adv_norm)
+                              norm=self.cfg.algo.adv_norm, per_instance=self.per_instance)
         else:
             critic_batch = self._gae_advantages(episodes)
         probe = GradientProbe()
@@ -202,6 +203,9 @@ def update_metrics(update) -> Dict[str, float]:
             metrics[f"policy/{policy}/{name}"] = float(value)
     for policy, value in update.policy_update_norm.items():
         metrics[f"policy/{policy}/update_ratio"] = value / max(update.policy_param_norm[policy], 1e-12)
+    for policy, (mean, largest) in update.rollout_probs_diff.items():
+        metrics[f"policy/{policy}/rollout_probs_diff_mean"] = mean
+        metrics[f"policy/{policy}/rollout_probs_diff_max"] = largest
     for policy, steps in update.minibatches.items():  # the first step is on-policy; later ones may clip
         metrics[f"policy/{policy}/clipfrac_first"] = steps[0]["clipfrac"]
         if "lr_scale" in steps[0]:  # algo.coherence_reg: the mean learning-rate factor of the steps

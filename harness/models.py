@@ -53,7 +53,7 @@ class RandomQwen3:
     heads: int = 4
     kv_heads: int = 2
     ffn: int = 256
-    positions: int = 4096
+    positions: int = 40960  # Qwen3-0.6B/1.7B/4B's max_position_embeddings: the study's budgets fit
     vocab: int = 151936  # Qwen3's embedding rows (the tokenizer's 151,669 tokens, padded)
 
 

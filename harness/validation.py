@@ -21,8 +21,8 @@ from typing import Any, Dict, Optional, Sequence, Union, get_args, get_origin, g
 
 from omegaconf import OmegaConf
 
-from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, ENGINES, LOSS_AGG_MODES,
-                            LR_SCHEDULES, MODEL_TRAINING, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, GRAPH_TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS,
+from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, DATA_SPLITS, ENGINES,
+                            LOSS_AGG_MODES, LR_SCHEDULES, MODEL_TRAINING, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, GRAPH_TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS,
                             VERL_RAY_UP, VERL_ROLLOUTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
 from harness.mitigations import apply_mitigations, mitigation_names
 from harness.models import SCALES, RandomQwen3, is_tiny, positions_of, resolve_model_path
@@ -175,11 +175,35 @@ def _choose(kind: str, value: str, choices) -> None:
         raise ConfigError(f"unknown {kind} '{value}'; valid choices: {', '.join(choices)}")
 
 
+def _check_data(cfg: CellConfig) -> None:
+    """The data files exist and are readable; the split and the validation file's loader make sense."""
+    for key in ("path", "val_path"):
+        value = getattr(cfg.data, key)
+        if not value:
+            continue
+        data = Path(value).expanduser()
+        if not data.is_file():
+            raise ConfigError(f"data.{key} {value} does not exist")
+        if not os.access(data, os.R_OK) or data.stat().st_size == 0:
+            raise ConfigError(f"data.{key} {value} is {'empty' if os.access(data, os.R_OK) else 'not readable'}")
+    _choose("data split (data.split)", cfg.data.split, DATA_SPLITS)
+    if cfg.data.split == "hf" and not (math.isfinite(cfg.data.test_size) and cfg.data.test_size > 0):
+        raise ConfigError(f"data.test_size must be a fraction in (0, 1) or a count >= 1, got {cfg.data.test_size}")
+    if cfg.data.val_task is not None:
+        _choose("validation task (data.val_task)", cfg.data.val_task, sorted(TASKS))
+        if (cfg.data.val_task in CODE_TASKS) != (cfg.task in CODE_TASKS):
+            raise ConfigError(f"data.val_task {cfg.data.val_task} is graded differently from task {cfg.task}: "
+                              f"give a validation set of the same kind")
+        if not cfg.data.val_path:
+            raise ConfigError("data.val_task names the loader of data.val_path, which is not set")
+
+
 def _check_numbers(cfg: CellConfig) -> None:
     """Every numeric knob finite and in its range (NaN and inf fail every comparison below)."""
     positive = {"algo.lr": cfg.algo.lr, "algo.lr_spike_factor": cfg.algo.lr_spike_factor,
                 "algo.max_grad_norm": cfg.algo.max_grad_norm,
-                "algo.temperature": cfg.algo.temperature, "sandbox.wall_s": cfg.sandbox.wall_s,
+                "algo.temperature": cfg.algo.temperature, "algo.adam_eps": cfg.algo.adam_eps,
+                "sandbox.wall_s": cfg.sandbox.wall_s,
                 "model.lora_alpha": cfg.model.lora_alpha}
     non_negative = {"algo.kl_coef": cfg.algo.kl_coef, "algo.coherence_reg": cfg.algo.coherence_reg,
                     "algo.weight_decay": cfg.algo.weight_decay, "seed": cfg.seed,
@@ -190,6 +214,9 @@ def _check_numbers(cfg: CellConfig) -> None:
     for name, value in non_negative.items():
         if not (math.isfinite(value) and value >= 0):
             raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+    betas = list(cfg.algo.adam_betas)
+    if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+        raise ConfigError(f"algo.adam_betas must be two numbers in [0, 1), got {betas}")
     for role, beta in cfg.algo.kl_coef_per_role.items():
         if not isinstance(beta, (int, float)) or not (math.isfinite(beta) and beta >= 0):
             raise ConfigError(f"algo.kl_coef_per_role.{role} must be a finite number >= 0, got {beta}")
@@ -354,12 +381,7 @@ def validate(cfg: CellConfig) -> None:
         raise ConfigError(f"scale {cfg.scale} is a tiny model warmed up on its task; task {cfg.task} has no warm-up: "
                           f"use task {' or '.join(WARMUP_TASKS)}, or a qwen3-* scale")
     _check_workflow_task(cfg)
-    if cfg.data.path:
-        data = Path(cfg.data.path).expanduser()
-        if not data.is_file():
-            raise ConfigError(f"data.path {cfg.data.path} does not exist")
-        if not os.access(data, os.R_OK) or data.stat().st_size == 0:
-            raise ConfigError(f"data.path {cfg.data.path} is {'empty' if os.access(data, os.R_OK) else 'not readable'}")
+    _check_data(cfg)
     _check_root(cfg.root)
     if cfg.task in NEEDS_PATH and not cfg.data.path:
         raise ConfigError(f"task {cfg.task} needs data.path=/path/to/problems.jsonl")

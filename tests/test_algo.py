@@ -10,7 +10,7 @@ def _turn(role, instance, reward, prompt="prompt"):
     return Turn(role, instance, "p", prompt, [1], [2, 3], "x", False, 0, reward=reward)
 
 
-def test_a_role_counts_once_per_episode_in_its_group():
+def test_episode_grouping_counts_a_role_once_per_episode_in_its_group():
     """Eval-Opt, outcomes [1, 0, 0, 0], the wrong episodes revised twice: every generator turn of an
     episode gets that episode's advantage, +1.5 / -0.5 (slot-by-turn grouping gave +2.27 / -0.38)."""
     problem = Problem("u", "1+1", "2")
@@ -21,7 +21,7 @@ def test_a_role_counts_once_per_episode_in_its_group():
         for d in range(drafts):
             turns += [_turn("generator", 0, outcome), _turn("evaluator", 0, outcome)]
         episodes.append(Episode(problem, turns, "", Grade(bool(outcome), "2"), group=0))
-    assign_advantages(episodes)
+    assign_advantages(episodes, grouping="episode")
     for e, want in zip(episodes, [1.5, -0.5, -0.5, -0.5]):
         assert all(abs(t.advantage - want) < 1e-4 for t in e.turns), [t.advantage for t in e.turns]
 
@@ -36,13 +36,86 @@ def test_episode_scores_are_the_mean_of_a_roles_turn_rewards_and_lone_roles_get_
             turns.append(_turn("worker", 1, 5.0))  # a role present in one episode only
         episodes.append(Episode(problem, turns, "", Grade(bool(r), "2"), group=0))
     other = Episode(problem, [_turn("voter", 0, 0.3)], "", None, group=1)
-    assign_advantages(episodes + [other])
+    assign_advantages(episodes + [other], grouping="episode")
     expected = (torch.tensor(rewards) - 0.5) / (torch.tensor(rewards).std() + 1e-6)
     for i in range(3):
         assert torch.allclose(torch.tensor([e.turns[i].advantage for e in episodes]), expected, atol=1e-5)
     assert torch.allclose(torch.tensor([e.turns[3].advantage for e in episodes]), -expected, atol=1e-5)
     assert episodes[0].turns[4].advantage == 0.0  # no baseline: no signal
     assert other.turns[0].advantage == 0.0
+
+
+def _grpo_by_hand(score, members):
+    """verl's GRPO advantage of `score` in a group with these member scores (std unbiased, eps 1e-6)."""
+    import statistics
+
+    return (score - statistics.fmean(members)) / (statistics.stdev(members) + 1e-6)
+
+
+def _eval_opt_group():
+    """One problem, three episodes: E0 answers right at once, E1 revises and ends right (two drafts,
+    two verdicts), E2 answers wrong at once; the outcome is copied to every turn."""
+    problem, episodes = Problem("u", "1+1", "2"), []
+    for outcome, drafts in ((1.0, 1), (1.0, 2), (0.0, 1)):
+        turns = []
+        for _ in range(drafts):
+            turns += [_turn("generator", 0, outcome), _turn("evaluator", 0, outcome)]
+        episodes.append(Episode(problem, turns, "", Grade(bool(outcome), "2"), group=0))
+    return episodes
+
+
+def test_trajectory_grouping_is_the_studys_every_call_a_member_of_its_roles_group():
+    """Eval-Opt: the generator group holds E0's draft, E1's two drafts and E2's draft, scores [1, 1, 1, 0]
+    (a revising episode counts twice), likewise the evaluator's; episode grouping scores [1, 1, 0]."""
+    episodes = _eval_opt_group()
+    assign_advantages(episodes)  # the default: trajectory grouping
+    members = [1.0, 1.0, 1.0, 0.0]
+    for e, outcome in zip(episodes, (1.0, 1.0, 0.0)):
+        assert all(abs(t.advantage - _grpo_by_hand(outcome, members)) < 1e-5 for t in e.turns)
+    assert abs(episodes[0].turns[0].advantage - 0.5) < 1e-5 and abs(episodes[2].turns[0].advantage + 1.5) < 1e-5
+    episodes = _eval_opt_group()
+    assign_advantages(episodes, grouping="episode")
+    for e, outcome in zip(episodes, (1.0, 1.0, 0.0)):
+        assert all(abs(t.advantage - _grpo_by_hand(outcome, [1.0, 1.0, 0.0])) < 1e-5 for t in e.turns)
+    assert abs(episodes[0].turns[0].advantage - 0.57735) < 1e-4
+
+
+def test_trajectory_grouping_gives_each_voter_index_its_own_group():
+    """Voting with each voter paid for its own answer: E0's voters [1, 0, 1] and aggregator 1, E1's
+    [0, 0, 1] and 0. By voter index (the study's generator0..2): voter 0's group is [1, 0], voter 1's
+    [0, 0] (no signal), voter 2's [1, 1] (no signal); by episode every voter of E0 gets the episode's
+    +0.71, the wrong voter 1 included."""
+    problem = Problem("u", "1+1", "2")
+    layout = [([1.0, 0.0, 1.0], 1.0), ([0.0, 0.0, 1.0], 0.0)]
+
+    def episodes():
+        return [Episode(problem, [_turn("voter", i, r) for i, r in enumerate(voters)] + [_turn("aggregator", 0, agg)],
+                        "", None, group=0) for voters, agg in layout]
+
+    by_trajectory = episodes()
+    assign_advantages(by_trajectory, per_instance={"voter"})
+    got = [[round(t.advantage, 4) for t in e.turns] for e in by_trajectory]
+    half = round(_grpo_by_hand(1.0, [1.0, 0.0]), 4)
+    assert got == [[half, 0.0, 0.0, half], [-half, 0.0, 0.0, -half]]
+    by_episode = episodes()
+    assign_advantages(by_episode, grouping="episode")
+    e0 = round(_grpo_by_hand(2 / 3, [2 / 3, 1 / 3]), 4)
+    assert [round(t.advantage, 4) for t in by_episode[0].turns[:3]] == [e0] * 3
+    pooled = episodes()  # without per-instance voters the six votes of the problem are one group
+    assign_advantages(pooled)
+    assert abs(pooled[0].turns[1].advantage - _grpo_by_hand(0.0, [1, 0, 1, 0, 0, 1])) < 1e-5
+
+
+def test_the_workflows_declare_which_roles_are_trajectories_per_instance(tmp_path):
+    from harness.workflows import build_workflow
+    from harness.tasks import build_task
+    from tests.conftest import cell
+
+    for topology, want in (("voting", {"voter"}), ("graph:voting", {"voter"}), ("orch_workers", set()),
+                           ("graph:orch_workers", set()), ("eval_opt", set())):
+        cfg = cell(tmp_path, f"topology={topology}")
+        roles = build_workflow(cfg, build_task(cfg)).roles()
+        assert {r.name for r in roles if r.trajectory == "instance"} == want, topology
 
 
 def test_turn_grouping_compares_turns_that_saw_the_same_input_not_the_same_position():

@@ -44,7 +44,7 @@ CASES = [
     (["algo.clip_ratio_high=nan"], "algo.clip_ratio_high must be > 0"),
     (["algo.lr_schedule=linear"], "(algo.lr_schedule) 'linear'; valid choices: constant, cosine"),
     (["algo.clip_scope=global"], "valid choices: policy, cell"),
-    (["algo.adv_grouping=slot"], "valid choices: episode, turn"),
+    (["algo.adv_grouping=slot"], "valid choices: trajectory, episode, turn"),
     (["algo.ppo_mini_batch_size=0"], "algo.ppo_mini_batch_size must be >= 1"),
     (["workflow.max_new_tokens=100000"], "workflow.max_new_tokens=100000 must be >= 1 and below the model's 512 positions"),
     (["+workflow.role_max_new_tokens={aggregator:4096}"], "workflow.role_max_new_tokens.aggregator=4096"),

@@ -23,12 +23,22 @@ def test_full_matrix_is_the_seed_study_design():
         b = baselines[c.baseline_id]
         assert (b.axes["scale"], b.axes["task"], b.axes["seed"]) == (c.axes["scale"], c.axes["task"], c.axes["seed"])
     cell = next(c for c in multi if c.cell_id == "voting-ip-code-qwen3-1.7b-s1")
-    assert cell.overrides["task"] == "humaneval" and cell.overrides["model"]["lora_rank"] == 64
+    # the study's data: DeepCoder split as the study split it, validated on its 1000 held-out problems
+    assert cell.overrides["task"] == "deepcoder" and cell.overrides["val_problems"] == 1000
+    assert cell.overrides["data"]["split"] == "hf" and cell.overrides["data"]["test_size"] == 1000
+    math_cell = next(c for c in multi if c.cell_id == "voting-ip-math-qwen3-1.7b-s1")
+    assert (math_cell.overrides["task"], math_cell.overrides["data"]["val_task"]) == ("dapo-math", "aime")
+    assert math_cell.overrides["data"]["path"].endswith("dapo_math_17k_processed_en.parquet")
+    assert cell.overrides["model"]["lora_rank"] == 64
     assert cell.overrides["steps"] == 500 and cell.overrides["algo"]["kl_coef"] == 0.0
     algo = cell.overrides["algo"]  # the study's update: 64 x 8 rollouts, mini-batches of 64 problems, clip 0.2/0.28
     assert (algo["problems_per_step"], algo["group_size"], algo["ppo_mini_batch_size"]) == (64, 8, 64)
     assert (algo["clip_ratio_low"], algo["clip_ratio_high"], algo["lr"], algo["lr_schedule"]) == (0.2, 0.28, 2e-5, "cosine")
     assert algo["temperature"] == 0.7 and algo["loss_agg"] == "seq-mean-token-mean" and algo["lr_warmup_steps"] == 15
+    assert (algo["weight_decay"], algo["adam_betas"], algo["adv_grouping"]) == (0.01, [0.9, 0.999], "trajectory")
+    offline = expand(compose(["sweep=full_matrix_offline"]).sweep, cfg.cluster, "runs")
+    assert {c.overrides["task"] for c in offline} == {"gsm8k", "humaneval"}
+    assert {c.cell_id for c in offline} == {c.cell_id for c in cells if c.axes["seed"] == 0}
     assert cell.resources.gpus == 2 and cell.resources.mem_gb == 128
     # Qwen3 scales train on engine=verl over all the cell's GPUs, with the task's token budgets
     assert cell.overrides["engine"] == "verl" and cell.overrides["verl"]["gpus_per_policy"] == 2
@@ -101,7 +111,7 @@ def line_gpu_column(lines):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["sweep=everything"], "valid choices: full_matrix, repro, repro_capture, repro_controls, repro_eval_opt, repro_lr_spike, smoke"),
+    (["sweep=everything"], "valid choices: full_matrix, full_matrix_offline, repro, repro_capture, repro_controls, repro_eval_opt, repro_lr_spike, smoke"),
     (["sweep=smoke", "cluster=mars"], "valid choices: example_gpu, local, study"),
     (["sweep=smoke", "launcher=pbs"], "valid choices: local, slurm"),
     (["sweep=smoke", "sweep.axes.topology=[star]"], "unknown topology 'star' in the sweep; valid choices: eval_opt"),

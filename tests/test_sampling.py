@@ -20,8 +20,8 @@ def test_greedy_sampler_matches_hf_generate(tmp_path, warm_model_dir):
     prompts = ["vote: 12+7+3", "vote: 1+2", "pick: 3+4\n0: 7\n1: 8", "plan: 10+20+30"]
     enc = tok([chat_prompt(tok, p) for p in prompts], return_tensors="pt", padding=True, add_special_tokens=False)
     engine._activate("voter")
-    ours = sample_repeated(engine.model, enc["input_ids"], enc["attention_mask"], 2, 8, 1.0, True,
-                           tok.eos_token_id, tok.pad_token_id)
+    ours, _ = sample_repeated(engine.model, enc["input_ids"], enc["attention_mask"], 2, 8, 1.0, True,
+                              tok.eos_token_id, tok.pad_token_id)
     theirs = engine.model.generate(**enc, do_sample=False, max_new_tokens=8, pad_token_id=tok.pad_token_id,
                                    eos_token_id=tok.eos_token_id)[:, enc["input_ids"].shape[1]:]
     for b in range(len(prompts)):

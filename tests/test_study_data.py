@@ -2,7 +2,9 @@
 (original and processed), AIME, MATH-500, DeepCoder (stdin/stdout and call-based tests, graded
 in the sandbox), plus the Parquet the hub serves them in."""
 import json
+import os
 import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -114,3 +116,81 @@ def test_a_study_task_without_its_file_is_one_error(tmp_path, task):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and f"task {task} needs data.path" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("n,test_size", [(57, 0.1), (23, 7)])
+def test_the_hf_split_is_hugging_faces_train_test_split(n, test_size):
+    """The study split DAPO-Math-17k with train_test_split(test_size=0.1, seed=42) and DeepCoder with
+    shuffle(seed=42) and its first 1000 rows as test: the harness's split picks the same rows."""
+    import datasets
+
+    from harness.tasks.math import hf_split_indices
+
+    table = datasets.Dataset.from_dict({"row": list(range(n))})
+    want = table.train_test_split(test_size=test_size, seed=42)
+    train, test = hf_split_indices(n, test_size, 42)
+    assert (train, test) == (want["train"]["row"], want["test"]["row"])
+    if isinstance(test_size, int):
+        shuffled = table.shuffle(seed=42)["row"]
+        assert (test, train) == (shuffled[:test_size], shuffled[test_size:])
+    with pytest.raises(ValueError, match="no train or no test part"):
+        hf_split_indices(5, 1000, 42)
+
+
+def study_data_root(tmp_path):
+    """The study's three files under a data root, in the hub's Parquet, made from the fixtures."""
+    root = tmp_path / "data"
+    root.mkdir()
+    for fixture, name in (("dapo_math_processed_sample.jsonl", "dapo_math_17k_processed_en.parquet"),
+                          ("aime_sample.jsonl", "aime_2025.parquet"),
+                          ("deepcoder_sample.jsonl", "deepcoder_primeintellect.parquet")):
+        rows = [json.loads(line) for line in (FIXTURES / fixture).read_text().splitlines() if line.strip()]
+        pd.DataFrame(rows).to_parquet(root / name)
+    return root
+
+
+def test_full_matrix_without_the_data_lists_each_cells_missing_files_and_refuses_to_launch(tmp_path):
+    launch = [sys.executable, "grid/launch.py", "sweep=full_matrix", f"root={tmp_path / 'runs'}"]
+    env = {k: v for k, v in os.environ.items() if k != "MARL_DATA_ROOT"}
+    dry = subprocess.run(launch + ["dry_run=true"], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert dry.returncode == 0, dry.stderr
+    rows = dry.stdout.strip().splitlines()[1:-1]
+    assert len(rows) == 42
+    for row in rows:
+        files = (["deepcoder_primeintellect.parquet"] if "-code-" in row else
+                 ["dapo_math_17k_processed_en.parquet", "aime_2025.parquet"])
+        assert "missing data:" in row and all(f"$MARL_DATA_ROOT/{f}" in row for f in files), row
+    refused = subprocess.run(launch + ["launcher=slurm"], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: ") and "missing data files" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_full_matrix_on_the_study_files_under_a_data_root_dry_runs_clean_and_trains(tmp_path):
+    """With the study's files (small ones, in their published formats) under a data root, the dry run
+    of full_matrix at scale qwen3-tok is clean, and a voting/IP math cell trains 2 steps on DAPO-Math
+    problems and validates on the AIME file."""
+    root = study_data_root(tmp_path)
+    base = [sys.executable, "grid/launch.py", "sweep=full_matrix", f"root={tmp_path / 'runs'}",
+            f"sweep.cell.data.root={root}", "sweep.axes.scale=[qwen3-tok]"]
+    dry = subprocess.run(base + ["dry_run=true"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    rows = dry.stdout.strip().splitlines()[1:-1]
+    assert len(rows) == 14 and all(row.rstrip().endswith(" ok") for row in rows), dry.stdout
+    small = ["sweep.axes.topology=[voting]", "sweep.axes.task=[math]", "sweep.axes.sharing=[ip]", "sweep.baseline=false",
+             "sweep.cell.steps=2", "sweep.cell.algo.problems_per_step=2", "sweep.cell.algo.group_size=2",
+             "sweep.cell.algo.ppo_mini_batch_size=2", "+sweep.cell.workflow.max_new_tokens=6", "sweep.cell.val_every=1",
+             "+sweep.cell.report=false", "+sweep.cell.wandb={enabled:false}"]
+    run = subprocess.run(base + small, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    cell_dir = tmp_path / "runs" / "full_matrix" / "voting-ip-math-qwen3-tok-s0"
+    metrics = [json.loads(line) for line in (cell_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1] and all("val/accuracy" in m for m in metrics)
+    samples = [json.loads(line) for line in (cell_dir / "samples.jsonl").read_text().splitlines()]
+    dapo = {p.question for p in everything(task_for("dapo-math", FIXTURES / "dapo_math_processed_sample.jsonl"))}
+    assert samples and all(s["question"] in dapo for s in samples)  # trained on the DAPO problems
+    from harness.config import stored_cell_config
+    from harness.tasks import build_task as build
+
+    stored = stored_cell_config(cell_dir)
+    val = build(stored).problems("val")
+    assert {p.answer for p in val} == {"231", "124", "890", "25"}  # the AIME file's problems, all of them

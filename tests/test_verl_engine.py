@@ -75,8 +75,10 @@ def _compare(local_result, local_probe, verl_result, verl_probe) -> dict:
      "algo.ppo_mini_batch_size=4", "algo.ppo_epochs=2", "algo.shuffle=true", "algo.clip_scope=cell", "instrument.kl_every=1",
      "algo.max_grad_norm=0.3", "mitigation=coherence_reg"),
     # fixed-size micro-batches (5 does not divide every instance's rows) and one group per policy's own GPUs;
-    # 3 mini-batches per step, asymmetric clip, cosine LR with warm-up, and an induced 3x lr spike on update 1
+    # 3 mini-batches per step, asymmetric clip, cosine LR with warm-up, an induced 3x lr spike on update 1,
+    # and the study's sampling temperature: log-probs, entropy, KL and ratios at T=0.7 on both engines
     ("topology=eval_opt", "sharing=sp", "algo.loss_agg=role-balanced", "algo.kl_coef=0.05", "algo.micro_batch_size=5",
+     "algo.temperature=0.7",
      "verl.use_dynamic_bsz=false", "verl.placement=split", "algo.ppo_mini_batch_size=3", "algo.clip_ratio_high=0.28",
      "algo.lr_schedule=cosine", "algo.lr_warmup_steps=2", "steps=4",
      "algo.lr_spike_factor=3", "algo.lr_spike_start=1", "algo.lr_spike_steps=1"),
@@ -97,6 +99,11 @@ def test_same_batch_same_numbers_on_both_engines(tmp_path, warm_model_dir, ray_s
             local_result = local.update(turns, local_probe, step=update)  # verl's scheduler counts its own steps
             verl_result = verl.update(turns, verl_probe, step=update)
             metrics = _compare(local_result, local_probe, verl_result, verl_probe)
+            assert set(local_result.rollout_probs_diff) == set(verl_result.rollout_probs_diff) == set(local.policies)
+            for policy, (mean, largest) in local_result.rollout_probs_diff.items():
+                _close(largest, verl_result.rollout_probs_diff[policy][1], f"{policy} rollout probs diff max")
+                if update == 0:  # the behaviour weights are the ones that sampled the turns
+                    assert largest < 1e-3 and verl_result.rollout_probs_diff[policy][1] < 1e-3, policy
             assert any(abs(v) > 1e-3 for k, v in metrics.items() if k.endswith("grad_norm"))
             assert max(len(r) for r in local_probe.rounds.values()) >= 3  # several optimizer steps were compared
             if update == 1:  # (with warm-up, the LR of step 0 is 0)

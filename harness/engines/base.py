@@ -46,6 +46,8 @@ class UpdateResult:
     clipfrac: Dict[str, float] = field(default_factory=dict)  # per role: tokens whose clipped term was taken
     ratio: Dict[str, float] = field(default_factory=dict)  # per role: mean PPO ratio over all passes
     minibatches: Dict[str, List[dict]] = field(default_factory=dict)  # per policy, per step: loss, clipfrac, grad_norm
+    # per policy: mean and max over sampled tokens of |p_rollout - p_train| (verl's rollout_probs_diff_*)
+    rollout_probs_diff: Dict[str, Tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -155,6 +157,32 @@ def finish_update(result: UpdateResult, plan: Dict[str, List[MiniBatch]], role_l
     result.entropy, result.clipfrac, result.ratio = per_token("entropy"), per_token("clipped"), per_token("ratio")
     if sums.get("kl"):
         result.kl = per_token("kl")
+
+
+class ProbsDiff:
+    """verl's rollout-vs-trainer check (`training/rollout_probs_diff_mean`/`_max`), per policy:
+    |p_rollout - p_train| over every sampled token, p_train from the behaviour weights at the rollout's
+    temperature. A gap means the trainer's ratio is not the sampler's (a temperature, a numerics gap
+    between engines, an adapter the rollout did not get)."""
+
+    def __init__(self) -> None:
+        self.total, self.count, self.largest = 0.0, 0, 0.0
+
+    def add(self, rollout_log_probs: Optional[Sequence[float]], trainer_log_probs: torch.Tensor) -> None:
+        if rollout_log_probs is None or len(rollout_log_probs) == 0:
+            return
+        rollout = torch.as_tensor(list(rollout_log_probs), dtype=torch.float64)
+        diff = (rollout.exp() - trainer_log_probs.detach().double().cpu().exp()).abs()
+        self.total += float(diff.sum())
+        self.count += int(diff.numel())
+        self.largest = max(self.largest, float(diff.max()))
+
+    def merge(self, total: float, count: int, largest: float) -> None:
+        self.total, self.count, self.largest = self.total + total, self.count + count, max(self.largest, largest)
+
+    def summary(self) -> Optional[Tuple[float, float]]:
+        """(mean, max), or None when no sampled token carried the sampler's log-prob."""
+        return (self.total / self.count, self.largest) if self.count else None
 
 
 def clip_coefficients(norms: Dict[str, float], max_norm: float, scope: str) -> Dict[str, float]:

@@ -18,8 +18,8 @@ import torch
 from harness.algo.loss import BatchNorm, ClipConfig, aggregate, kl_to_reference, ppo_clip_loss
 from harness.config import kl_beta
 from harness.engines.adapters import attach_adapters
-from harness.engines.base import (MiniBatch, UpdateResult, clip_coefficients, coherence_lr_scale, finish_update,
-                                  measure_kl, record_minibatch, record_step, step_lr, update_plan)
+from harness.engines.base import (MiniBatch, ProbsDiff, UpdateResult, clip_coefficients, coherence_lr_scale,
+                                  finish_update, measure_kl, record_minibatch, record_step, step_lr, update_plan)
 from harness.engines.logprobs import ResponseLogProbs, response_log_probs
 from harness.engines.sampling import generate_grouped, sample_repeated
 from harness.instrument.probe import GradientProbe
@@ -77,7 +77,9 @@ class LocalEngine:
         self._active: Optional[str] = None
         self.initial = {p: [t.detach().clone() for t in self.params[p]] for p in self.policies}  # θ_0, for drift
         # fused: one kernel for all of a policy's tensors (the per-tensor loop is ~5x slower at LoRA sizes)
-        self.optimizers = {p: torch.optim.AdamW(self.params[p], lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay, fused=True)
+        algo = cfg.algo
+        self.optimizers = {p: torch.optim.AdamW(self.params[p], lr=algo.lr, weight_decay=algo.weight_decay,
+                                                betas=tuple(algo.adam_betas), eps=algo.adam_eps, fused=True)
                            for p in self.policies}
         self.model.eval()  # no dropout anywhere; gradients still flow
 
@@ -96,8 +98,10 @@ class LocalEngine:
         tok = self.tokenizer
 
         def sample(input_ids, attention_mask, copies):
-            return sample_repeated(self.model, input_ids, attention_mask, copies, sampling.max_new_tokens,
-                                   sampling.temperature, sampling.greedy, tok.eos_token_id, tok.pad_token_id).tolist()
+            tokens, log_probs = sample_repeated(self.model, input_ids, attention_mask, copies, sampling.max_new_tokens,
+                                                sampling.temperature, sampling.greedy, tok.eos_token_id,
+                                                tok.pad_token_id)
+            return tokens.tolist(), log_probs.tolist()
 
         return generate_grouped(tok, prompts, sample)
 
@@ -120,9 +124,11 @@ class LocalEngine:
 
     # ---------------------------------------------------------------- update
     def _log_probs(self, batch: Sequence[Turn]) -> ResponseLogProbs:
-        """Each response token's log-prob, the distribution's entropy and the response mask (rows, M)."""
+        """Each response token's log-prob, the distribution's entropy and the response mask (rows, M),
+        at the rollout's sampling temperature (logprobs.py)."""
         return response_log_probs(self.model, [t.prompt_ids for t in batch], [t.response_ids for t in batch],
-                                  self.tokenizer.pad_token_id, shared_prompt=self.cfg.algo.shared_prompt_forward)
+                                  self.tokenizer.pad_token_id, shared_prompt=self.cfg.algo.shared_prompt_forward,
+                                  temperature=self.cfg.algo.temperature)
 
     @torch.no_grad()
     def _old_log_probs(self, policy: str, turns: Sequence[Turn]) -> Dict[int, torch.Tensor]:
@@ -244,6 +250,13 @@ class LocalEngine:
                 with torch.no_grad():
                     record_step(result, policy, norm_of(torch._foreach_sub(params, before)))
         finish_update(result, {p: plan[p] for p in policies}, role_loss, stats)
+        for policy in policies:  # `old` now holds every row's behaviour log-probs
+            diff = ProbsDiff()
+            for turn in samples:
+                if turn.policy == policy:
+                    diff.add(turn.rollout_log_probs, old[policy][id(turn)])
+            if diff.summary() is not None:
+                result.rollout_probs_diff[policy] = diff.summary()
         for policy in policies:
             with torch.no_grad():
                 result.policy_param_norm[policy] = norm_of(self.params[policy])

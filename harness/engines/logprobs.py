@@ -11,6 +11,10 @@ Two savings over a plain forward of every (prompt + response) row:
   takes the log-softmax over vocabulary chunks (an online log-sum-exp), recomputing each chunk's
   logits in the backward instead of keeping (tokens x vocab) of them: memory stays linear in
   tokens at Qwen3's 151,936-token vocabulary.
+
+Log-probs and entropies are those of softmax(logits / T), T the rollout's sampling temperature, as
+verl's actor computes them: the PPO ratio, its clipping and the gradient then belong to the policy
+that sampled. The head is linear, so logits / T is the head applied to hidden / T.
 """
 from __future__ import annotations
 
@@ -99,10 +103,13 @@ def _response_grid(responses: Sequence[List[int]], pad_id: int) -> Tuple[torch.T
     return ids, mask
 
 
-def _head(lm, predicting: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> ResponseLogProbs:
-    """Log-probs of `targets` (rows, M) from the hidden states predicting them (rows, M, hidden)."""
+def _head(lm, predicting: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+          temperature: float = 1.0) -> ResponseLogProbs:
+    """Log-probs of `targets` (rows, M) from the hidden states predicting them (rows, M, hidden),
+    under softmax(logits / temperature)."""
     where = mask.bool()
-    picked, ent = token_log_probs(predicting[where], lm.get_output_embeddings().weight, targets[where])
+    hidden = predicting[where] if temperature == 1.0 else predicting[where] / temperature
+    picked, ent = token_log_probs(hidden, lm.get_output_embeddings().weight, targets[where])
     log_prob = torch.zeros(mask.shape, dtype=picked.dtype)
     entropy = torch.zeros(mask.shape, dtype=picked.dtype)
     log_prob = log_prob.masked_scatter(where, picked)
@@ -110,7 +117,8 @@ def _head(lm, predicting: torch.Tensor, targets: torch.Tensor, mask: torch.Tenso
     return ResponseLogProbs(log_prob, entropy, mask)
 
 
-def plain_log_probs(model, prompts: Sequence[List[int]], responses: Sequence[List[int]], pad_id: int) -> ResponseLogProbs:
+def plain_log_probs(model, prompts: Sequence[List[int]], responses: Sequence[List[int]], pad_id: int,
+                    temperature: float = 1.0) -> ResponseLogProbs:
     """One forward of every (prompt + response) row, right-padded; the reference path."""
     lm = _unwrap(model)
     rows = [p + r for p, r in zip(prompts, responses)]
@@ -126,11 +134,11 @@ def plain_log_probs(model, prompts: Sequence[List[int]], responses: Sequence[Lis
     for b, prompt in enumerate(prompts):  # hidden state at position t predicts token t + 1
         index[b, : len(responses[b])] = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(responses[b]))
     predicting = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
-    return _head(lm, predicting, targets, mask)
+    return _head(lm, predicting, targets, mask, temperature)
 
 
 def shared_prompt_log_probs(model, prompts: Sequence[List[int]], responses: Sequence[List[int]],
-                            pad_id: int) -> ResponseLogProbs:
+                            pad_id: int, temperature: float = 1.0) -> ResponseLogProbs:
     """Each distinct prompt once (left-padded, positions counting real tokens), its KV cache gathered
     to its rows, then the rows' response tokens but the last (nothing is predicted from it)."""
     lm = _unwrap(model)
@@ -149,7 +157,7 @@ def shared_prompt_log_probs(model, prompts: Sequence[List[int]], responses: Sequ
     targets, mask = _response_grid(responses, pad_id)
     width = targets.shape[1]
     if width == 1:
-        return _head(lm, last[:, None], targets, mask)
+        return _head(lm, last[:, None], targets, mask, temperature)
     cache = out.past_key_values
     cache.reorder_cache(owner)
     lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
@@ -158,11 +166,11 @@ def shared_prompt_log_probs(model, prompts: Sequence[List[int]], responses: Sequ
     response_positions = lengths[:, None] + torch.arange(width - 1)[None]
     hidden = lm.model(input_ids=inputs, attention_mask=attention, position_ids=response_positions,
                       past_key_values=cache, use_cache=True).last_hidden_state
-    return _head(lm, torch.cat([last[:, None], hidden], dim=1), targets, mask)
+    return _head(lm, torch.cat([last[:, None], hidden], dim=1), targets, mask, temperature)
 
 
 def response_log_probs(model, prompts: Sequence[List[int]], responses: Sequence[List[int]], pad_id: int,
-                       shared_prompt: bool = True) -> ResponseLogProbs:
+                       shared_prompt: bool = True, temperature: float = 1.0) -> ResponseLogProbs:
     if shared_prompt:
-        return shared_prompt_log_probs(model, prompts, responses, pad_id)
-    return plain_log_probs(model, prompts, responses, pad_id)
+        return shared_prompt_log_probs(model, prompts, responses, pad_id, temperature)
+    return plain_log_probs(model, prompts, responses, pad_id, temperature)

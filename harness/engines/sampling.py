@@ -8,7 +8,7 @@ runs on the whole batch. Positions count real tokens only, as in the training fo
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -18,9 +18,13 @@ from harness.workflows import Generation
 
 @torch.no_grad()
 def sample_repeated(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: int,
-                    max_new_tokens: int, temperature: float, greedy: bool, eos_id: int, pad_id: int) -> torch.Tensor:
+                    max_new_tokens: int, temperature: float, greedy: bool, eos_id: int,
+                    pad_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(B*repeats, T) new tokens for B left-padded prompts, each sampled `repeats` times
-    (rows b*repeats .. b*repeats+repeats-1 belong to prompt b); pad after end of turn."""
+    (rows b*repeats .. b*repeats+repeats-1 belong to prompt b), pad after end of turn; and each
+    token's log-prob under the distribution it was drawn from, softmax(logits / temperature)
+    (greedy: at the same temperature), 0 on padding. The trainer computes its log-probs at the
+    same temperature, so the two must agree (verl's rollout_probs_diff)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
                 logits_to_keep=1)  # only the last position samples (Qwen3: 151,936 logits per position)
@@ -31,12 +35,14 @@ def sample_repeated(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     mask = attention_mask.repeat_interleave(repeats, 0)
     position = position_ids[:, -1:].repeat_interleave(repeats, 0) + 1
     done = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-    tokens = []
+    tokens, log_probs = [], []
     for t in range(max_new_tokens):
         if greedy:
             token = logits.argmax(-1)
         else:
             token = torch.multinomial(torch.softmax(logits / temperature, -1), 1).squeeze(-1)
+        log_prob = torch.log_softmax(logits / temperature, -1).gather(-1, token[:, None]).squeeze(-1)
+        log_probs.append(torch.where(done, torch.zeros_like(log_prob), log_prob))
         token = torch.where(done, torch.full_like(token, pad_id), token)
         tokens.append(token)
         done |= token == eos_id
@@ -46,7 +52,7 @@ def sample_repeated(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
         out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache,
                     use_cache=True)
         cache, logits, position = out.past_key_values, out.logits[:, -1].float(), position + 1
-    return torch.stack(tokens, dim=1)
+    return torch.stack(tokens, dim=1), torch.stack(log_probs, dim=1)
 
 
 def group_duplicates(prompts: Sequence[str]) -> Dict[int, List[List[int]]]:
@@ -61,24 +67,32 @@ def group_duplicates(prompts: Sequence[str]) -> Dict[int, List[List[int]]]:
     return dict(groups)
 
 
-def generate_grouped(tokenizer, prompts: Sequence[str], sample: Callable[[torch.Tensor, torch.Tensor, int], List[List[int]]]):
+Sampled = Tuple[List[List[int]], Optional[List[List[float]]]]  # new tokens per row, their log-probs (or None)
+
+
+def generate_grouped(tokenizer, prompts: Sequence[str], sample: Callable[[torch.Tensor, torch.Tensor, int], Sampled]):
     """One Generation per prompt: identical prompts are encoded once and sampled `copies` times by
-    `sample(input_ids, attention_mask, copies)` (rows grouped per prompt, as `sample_repeated`)."""
-    def generation(prompt_ids: List[int], new: List[int]) -> Generation:
+    `sample(input_ids, attention_mask, copies)` (rows grouped per prompt, as `sample_repeated`),
+    which returns the new tokens of each row and, where the sampler reports them, their log-probs."""
+    def generation(prompt_ids: List[int], new: List[int], new_log_probs: Optional[List[float]]) -> Generation:
         eos = tokenizer.eos_token_id
         if eos in new:
-            response, truncated = new[: new.index(eos) + 1], False
+            keep, truncated = list(range(new.index(eos) + 1)), False
         else:
-            response, truncated = [t for t in new if t != tokenizer.pad_token_id], True
-        return Generation(prompt_ids, response, tokenizer.decode(response, skip_special_tokens=True), truncated)
+            keep, truncated = [i for i, t in enumerate(new) if t != tokenizer.pad_token_id], True
+        response = [new[i] for i in keep]
+        log_probs = [float(new_log_probs[i]) for i in keep] if new_log_probs is not None else None
+        return Generation(prompt_ids, response, tokenizer.decode(response, skip_special_tokens=True), truncated,
+                          log_probs)
 
     results: List[Optional[Generation]] = [None] * len(prompts)
     for copies, groups in group_duplicates(prompts).items():
         distinct = [chat_prompt(tokenizer, prompts[indices[0]]) for indices in groups]
         enc = tokenizer(distinct, return_tensors="pt", padding=True, add_special_tokens=False)
-        new = sample(enc["input_ids"], enc["attention_mask"], copies)
+        new, new_log_probs = sample(enc["input_ids"], enc["attention_mask"], copies)
         for g, indices in enumerate(groups):
             prompt_ids = enc["input_ids"][g][enc["attention_mask"][g].bool()].tolist()
             for k, index in enumerate(indices):
-                results[index] = generation(prompt_ids, new[g * copies + k])
+                row = g * copies + k
+                results[index] = generation(prompt_ids, new[row], None if new_log_probs is None else new_log_probs[row])
     return results

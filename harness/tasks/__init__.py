@@ -77,7 +77,23 @@ WARMUP_TASKS = {"arith": "arith", "code-synth": "code_synth", "qa-synth": "qa_sy
 def build_task(cfg) -> Task:
     if cfg.task not in TASKS:
         raise ValueError(f"unknown task '{cfg.task}'; valid choices: {', '.join(sorted(TASKS))}")
-    return TASKS[cfg.task](cfg)
+    task = TASKS[cfg.task](cfg)
+    if cfg.data.val_path:
+        task._splits = {"train": task.problems("train"), "val": validation_file_problems(cfg)}
+    return task
+
+
+def validation_file_problems(cfg):
+    """Every problem of `data.val_path`, read by `data.val_task`'s loader (default: the cell's task):
+    the study trains math on DAPO-Math-17k and validates on AIME 2025. The cell's task grades them
+    (both are graded by their final answer; validation refuses a val task of another kind)."""
+    import copy
+
+    other = copy.deepcopy(cfg)
+    other.task, other.data.path, other.data.val_path = cfg.data.val_task or cfg.task, cfg.data.val_path, None
+    other.data.split, other.data.val_size = "harness", 1
+    val_task = TASKS[other.task](other)
+    return val_task.problems("train") + val_task.problems("val")
 
 
 __all__ = ["Grade", "Problem", "Task", "WarmupSupport", "TASKS", "build_task"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from harness.tasks.base import Grade, Problem, Task, WarmupSupport
-from harness.tasks.math import read_jsonl, read_rows, split
+from harness.tasks.math import read_jsonl, read_rows, split_problems
 from harness.tasks.sandbox import Sandbox, SandboxLimits
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.S)
@@ -84,7 +84,7 @@ class HumanEvalTask(CodeTask):
         problems = [Problem(p["task_id"], p["prompt"], p["canonical_solution"],
                             {"entry_point": p["entry_point"], "test": p["test"], "prompt": p["prompt"]})
                     for p in read_problems().values()]
-        self._splits = split(problems, data.val_size, data.seed)
+        self._splits = split_problems(problems, data)
 
     def program(self, problem: Problem, code: str) -> str:
         if re.search(rf"^\s*def {re.escape(problem.meta['entry_point'])}\s*\(", code, re.M):
@@ -110,7 +110,7 @@ class MBPPTask(CodeTask):
                     for row in rows]
         if not problems:
             raise ValueError(f"task mbpp: no problems in {data.path}")
-        self._splits = split(problems, data.val_size, data.seed)
+        self._splits = split_problems(problems, data)
 
     def checks(self, problem: Problem) -> str:
         lines = [problem.meta["setup"], "_marl_results = []"]
@@ -244,7 +244,7 @@ class DeepCoderTask(CodeTask):
                                     {"kind": kind, "cases": cases, "fn": fn}))
         if not problems:
             raise ValueError(f"task deepcoder: no problems in {data.path}")
-        self._splits = split(problems, data.val_size, data.seed)
+        self._splits = split_problems(problems, data)
 
     def program(self, problem: Problem, code: str) -> str:
         if problem.meta["kind"] == "stdio":

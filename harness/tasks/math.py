@@ -7,6 +7,7 @@ Data comes from a local jsonl (`data.path`) or, on clusters with a hub cache, fr
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from pathlib import Path
@@ -108,11 +109,34 @@ def split(items: List[Problem], val_size: int, seed: int) -> Dict[str, List[Prob
     return {"val": order[:n_val], "train": order[n_val:]}
 
 
+def hf_split_indices(n: int, test_size: float, seed: int) -> Tuple[List[int], List[int]]:
+    """(train, test) row indices of Hugging Face datasets' `train_test_split(test_size, seed=seed)`:
+    a PCG64 permutation, its first ceil(test_size * n) rows the test part (test_size < 1 is a
+    fraction, >= 1 a count). The study split DAPO-Math-17k with (0.1, 42); DeepCoder's
+    `shuffle(seed=42)` and first 1000 rows as test are the same permutation with test_size 1000."""
+    import numpy as np
+
+    n_test = math.ceil(test_size * n) if test_size < 1 else int(test_size)
+    if not 0 < n_test < n:
+        raise ValueError(f"data.test_size {test_size} leaves no train or no test part of {n} problems")
+    permutation = np.random.default_rng(seed).permutation(n).tolist()
+    return permutation[n_test:], permutation[:n_test]
+
+
+def split_problems(items: List[Problem], data) -> Dict[str, List[Problem]]:
+    """A task's train/val split as `data.split` says: the harness's seeded hold-out, or the study's
+    Hugging Face split (validation on its test part, unless `data.val_path` gives a file)."""
+    if data.split == "hf":
+        train, test = hf_split_indices(len(items), data.test_size, data.split_seed)
+        return {"val": [items[i] for i in test], "train": [items[i] for i in train]}
+    return split(items, data.val_size, data.seed)
+
+
 class _SplitTask(MathTask):
     def __init__(self, problems: List[Problem], data):
         if not problems:
             raise ValueError(f"task {self.name}: no problems loaded")
-        self._splits = split(problems, data.val_size, data.seed)
+        self._splits = split_problems(problems, data)
 
 
 class GSM8KTask(_SplitTask):
@@ -208,7 +232,7 @@ class ReasoningGymTask(MathTask):
         self.dataset = reasoning_gym.create_dataset(generator, size=data.rg_size, seed=data.seed)
         problems = [Problem(f"{self.name}-{i}", e["question"], str(e["answer"]), {"index": i})
                     for i, e in enumerate(self.dataset)]
-        self._splits = split(problems, data.val_size, data.seed)
+        self._splits = split_problems(problems, data)
 
     def grade(self, problem: Problem, text: str) -> Grade:
         answer, how = extract_math_answer(text)

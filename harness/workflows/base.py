@@ -19,6 +19,9 @@ class RoleSpec:
     name: str
     contract: str  # "answer" | "verdict" | "index" | "subtasks" | "search" | "text"
     instances: int = 1
+    # GRPO's trajectory grouping: "role" (all of the role's calls in a problem's episodes form one
+    # group) or "instance" (each instance its own group, as the study's voters generator0..n-1)
+    trajectory: str = "role"
 
 
 @dataclass
@@ -27,6 +30,7 @@ class Generation:
     response_ids: List[int]
     text: str
     truncated: bool  # hit the token budget without an end-of-turn token
+    log_probs: Optional[List[float]] = None  # each response token's log-prob as the sampler drew it
 
 
 @dataclass
@@ -46,6 +50,7 @@ class Turn:
     reward: float = 0.0
     advantage: float = 0.0
     stats: Dict[str, float] = field(default_factory=dict)  # role-specific numbers, averaged per role in metrics
+    rollout_log_probs: Optional[List[float]] = None  # the sampler's log-prob of each response token
 
     @property
     def slot(self) -> Tuple[str, int]:
@@ -177,7 +182,8 @@ class Agents:
         sampling = Sampling(self._budgets[role], self._temperature, self._greedy)
         generation = await self._scheduler.request(policy, prompt, sampling)
         turn = Turn(role, instance, policy, prompt, generation.prompt_ids, generation.response_ids,
-                    generation.text, generation.truncated, index=len(self.turns))
+                    generation.text, generation.truncated, index=len(self.turns),
+                    rollout_log_probs=generation.log_probs)
         self.turns.append(turn)
         return turn
 

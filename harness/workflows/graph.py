@@ -355,7 +355,11 @@ class GraphWorkflow(Workflow):
         return {k: list(v) for k, v in self.spec.partial.items()}
 
     def roles(self) -> List[RoleSpec]:
-        return [RoleSpec(name, contract, self._count(instances)) for name, (contract, instances) in self.spec.roles.items()]
+        """A role whose instances fan out over one input (voters) is a trajectory per instance in
+        GRPO's groups, as the study's voters; one run per item (workers) shares the role's group."""
+        fanned = {n.role for n in self.spec.nodes.values() if n.fan_out is not None}
+        return [RoleSpec(name, contract, self._count(instances), "instance" if name in fanned else "role")
+                for name, (contract, instances) in self.spec.roles.items()]
 
     async def episode(self, problem, agents: Agents) -> Episode:
         state: Dict[str, _Result] = {}

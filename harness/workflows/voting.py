@@ -10,7 +10,7 @@ class Voting(Workflow):
     name = "voting"
 
     def roles(self):
-        return [RoleSpec("voter", "answer", self.cfg.n_votes), RoleSpec("aggregator", "index")]
+        return [RoleSpec("voter", "answer", self.cfg.n_votes, trajectory="instance"), RoleSpec("aggregator", "index")]
 
     async def episode(self, problem, agents: Agents) -> Episode:
         n = self.cfg.n_votes

@@ -31,6 +31,12 @@ def turns_to_batch(turns: Sequence[Turn], pad_id: int) -> TensorDict:
             responses[row, : len(r)] = torch.tensor(r)
             response_mask[row, : len(r)] = 1
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    rollout_log_probs = torch.zeros((n, response_width), dtype=torch.float32)
+    rollout_mask = torch.zeros((n, response_width), dtype=torch.long)  # 1 where the sampler's log-prob is known
+    for row, turn in enumerate(turns):
+        if turn.rollout_log_probs is not None and turn.response_ids:
+            rollout_log_probs[row, : len(turn.rollout_log_probs)] = torch.tensor(turn.rollout_log_probs)
+            rollout_mask[row, : len(turn.rollout_log_probs)] = 1
     return TensorDict({
         "prompts": prompts,
         "responses": responses,
@@ -39,6 +45,8 @@ def turns_to_batch(turns: Sequence[Turn], pad_id: int) -> TensorDict:
         "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
         "response_mask": response_mask,
         "seq_advantages": torch.tensor([t.advantage for t in turns], dtype=torch.float32),  # the harness loss's
+        "rollout_log_probs": rollout_log_probs,  # verl's rollout-vs-trainer check (worker.begin_update)
+        "rollout_mask": rollout_mask,
     }, batch_size=n)
 
 
@@ -51,4 +59,6 @@ def shard_rows(batch: TensorDict, rank: int, world: int) -> TensorDict:
     filler = batch[:1].clone()
     filler["response_mask"] = torch.zeros_like(filler["response_mask"])
     filler["seq_advantages"] = torch.zeros_like(filler["seq_advantages"])
+    if "rollout_mask" in filler.keys():
+        filler["rollout_mask"] = torch.zeros_like(filler["rollout_mask"])
     return filler

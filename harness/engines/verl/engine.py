@@ -101,6 +101,7 @@ def training_worker_config(cfg, model_dir: Path, adapter_dir: Optional[Path], de
                               micro_batch_size_per_gpu=cfg.algo.micro_batch_size, seed=cfg.seed,
                               mixed_precision={"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"})
     optim = FSDPOptimizerConfig(lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay, clip_grad=cfg.algo.max_grad_norm,
+                                betas=tuple(cfg.algo.adam_betas), override_optimizer_config={"eps": cfg.algo.adam_eps},
                                 total_training_steps=max(cfg.steps, 1), lr_warmup_steps=cfg.algo.lr_warmup_steps,
                                 lr_scheduler_type=cfg.algo.lr_schedule)
     return TrainingWorkerConfig(model_type="language_model", model_config=model, engine_config=engine,
@@ -259,6 +260,8 @@ class VerlEngine:
                     sums[kind][role] += value
             result.policy_param_norm[policy] = end["param_norm"]
             result.drift[policy], result.drift_rate[policy] = end["drift"], end["drift_rate"]
+            if end["rollout_probs_diff"] is not None:
+                result.rollout_probs_diff[policy] = tuple(end["rollout_probs_diff"])
         finish_update(result, {p: plan[p] for p in policies}, role_loss, sums)
         self._sync_rollouts()
         return result

@@ -99,11 +99,14 @@ class HFRolloutServer:
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def sample(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: int, max_new_tokens: int,
-               temperature: float, greedy: bool, eos_id: int, pad_id: int, seed: int) -> torch.Tensor:
-        """(B*repeats, T) new tokens for B left-padded prompts (the harness's batched request)."""
+               temperature: float, greedy: bool, eos_id: int, pad_id: int,
+               seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(B*repeats, T) new tokens for B left-padded prompts (the harness's batched request), and
+        their log-probs at the sampling temperature."""
         torch.manual_seed(seed)
-        return sample_repeated(self.model, input_ids.to(self.device), attention_mask.to(self.device), repeats,
-                               max_new_tokens, temperature, greedy, eos_id, pad_id).cpu()
+        tokens, log_probs = sample_repeated(self.model, input_ids.to(self.device), attention_mask.to(self.device),
+                                            repeats, max_new_tokens, temperature, greedy, eos_id, pad_id)
+        return tokens.cpu(), log_probs.float().cpu()
 
     def generate(self, prompt_ids: List[int], sampling_params: Dict[str, Any], request_id: str,
                  **_multimodal) -> TokenOutput:
@@ -117,10 +120,12 @@ class HFRolloutServer:
         eos = eos[0] if isinstance(eos, list) else eos
         eos = -1 if eos is None else eos
         ids = torch.tensor([prompt_ids])
-        tokens = sample_repeated(self.model, ids.to(self.device), torch.ones_like(ids).to(self.device), 1, max_tokens,
-                                 max(temperature, 1e-6), temperature == 0, eos, -1)[0].tolist()
-        tokens = [t for t in tokens if t != -1]
-        return TokenOutput(token_ids=tokens, stop_reason="completed", extra_fields={"global_steps": self.global_steps})
+        tokens, log_probs = sample_repeated(self.model, ids.to(self.device), torch.ones_like(ids).to(self.device), 1,
+                                            max_tokens, max(temperature, 1e-6), temperature == 0, eos, -1)
+        kept = [(t, float(lp)) for t, lp in zip(tokens[0].tolist(), log_probs[0].tolist()) if t != -1]
+        return TokenOutput(token_ids=[t for t, _ in kept],
+                           log_probs=[lp for _, lp in kept] if sampling_params.get("logprobs") else None,
+                           stop_reason="completed", extra_fields={"global_steps": self.global_steps})
 
     # ------------------------------------------------------------------ verl's server control calls
     async def wake_up(self, tags: Optional[List[str]] = None) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import importlib.util
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Coroutine, List
+from typing import Coroutine, List, Optional, Tuple
 
 import torch
 
@@ -68,16 +68,22 @@ def launch_replica(backend: str, config, model_config, worker_group, replica_ran
 
 
 def sample(backend: str, server, input_ids: torch.Tensor, attention_mask: torch.Tensor, copies: int,
-           max_new_tokens: int, temperature: float, greedy: bool, eos_id: int, pad_id: int, seed: int) -> List[List[int]]:
-    """New tokens for each of `copies` samples of each left-padded prompt (rows grouped per prompt)."""
+           max_new_tokens: int, temperature: float, greedy: bool, eos_id: int, pad_id: int,
+           seed: int) -> Tuple[List[List[int]], Optional[List[List[float]]]]:
+    """New tokens for each of `copies` samples of each left-padded prompt (rows grouped per prompt),
+    and each token's log-prob as the server sampled it (vLLM's processed log-probs: after the
+    temperature, as verl's `logprobs_mode` default)."""
     import ray
 
     if backend == "hf":
-        return ray.get(server.sample.remote(input_ids, attention_mask, copies, max_new_tokens, temperature, greedy,
-                                            eos_id, pad_id, seed)).tolist()
+        tokens, log_probs = ray.get(server.sample.remote(input_ids, attention_mask, copies, max_new_tokens, temperature,
+                                                         greedy, eos_id, pad_id, seed))
+        return tokens.tolist(), log_probs.tolist()
     prompts = [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
-    params = dict(temperature=0.0 if greedy else temperature, max_tokens=max_new_tokens)
+    params = dict(temperature=0.0 if greedy else temperature, max_tokens=max_new_tokens, logprobs=True)
     refs = [server.generate.remote(prompt_ids=prompt, sampling_params={**params, "seed": seed + i * copies + k},
                                    request_id=uuid.uuid4().hex)
             for i, prompt in enumerate(prompts) for k in range(copies)]
-    return [output.token_ids for output in ray.get(refs)]
+    outputs = ray.get(refs)
+    log_probs = [o.log_probs for o in outputs]
+    return [o.token_ids for o in outputs], None if any(lp is None for lp in log_probs) else log_probs

@@ -92,7 +92,7 @@ class PolicyWorker(HarnessWorker):
         data = left_right_2_no_padding(shard_rows(batch, rank, world))
         size = self._micro_batch_size(data.batch_size[0])  # per role instance's rows
         tu.assign_non_tensor(
-            data, temperature=1.0, calculate_entropy=True, global_batch_size=None,
+            data, temperature=float(self.harness["algo"].temperature), calculate_entropy=True, global_batch_size=None,
             use_remove_padding=self.model_config.get("use_remove_padding", True),
             use_dynamic_bsz=self.engine_config.use_dynamic_bsz,
             max_token_len_per_gpu=self.engine_config.max_token_len_per_gpu,
@@ -157,17 +157,31 @@ class PolicyWorker(HarnessWorker):
         log-probs of every row come from the weights before the first optimizer step."""
         rank, world = self.engine.get_data_parallel_rank(), self.engine.get_data_parallel_size()
         self._minibatches = []
+        self._probs_diff = [0.0, 0.0, 0.0]  # sum, count, max of |p_rollout - p_train| on this rank's tokens
         for norm, slot_batches in minibatches:
             prepared = []
             for slot, batch in slot_batches:
                 data = self._prepare(batch, rank, world)
                 data["old_log_prob"] = self._log_probs(data, adapter=True)
+                self._add_probs_diff(data)
                 if want_kl:
                     data["ref_log_prob"] = self._log_probs(data, adapter=False)
                 prepared.append((slot, data))
             self._minibatches.append((norm, prepared))
         self._stats = {k: defaultdict(float) for k in ("entropy", "kl", "tokens", "clipped", "ratio")}
         self._drift_before = self._distance(self._trainable())
+
+    def _add_probs_diff(self, data) -> None:
+        """verl's rollout-vs-trainer check on these rows: the sampler's probability of each sampled
+        token against the behaviour weights' (both at the rollout temperature)."""
+        if "rollout_mask" not in data.keys():
+            return
+        where = data["rollout_mask"].bool().cpu()
+        if not bool(where.any()):
+            return
+        diff = (data["rollout_log_probs"].double().cpu().exp() - data["old_log_prob"].double().exp()).abs()[where]
+        total, count, largest = self._probs_diff
+        self._probs_diff = [total + float(diff.sum()), count + float(diff.numel()), max(largest, float(diff.max()))]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def backward_round(self, k: int) -> dict:
@@ -235,7 +249,14 @@ class PolicyWorker(HarnessWorker):
             reduced = self._all_sum(torch.tensor([values[r] for r in roles], dtype=torch.float64)).tolist()
             stats[kind] = dict(zip(roles, reduced))
         self._minibatches = []
-        return {"param_norm": param_norm, "drift": drift, "drift_rate": drift - self._drift_before, "stats": stats}
+        total, count = self._all_sum(torch.tensor(self._probs_diff[:2], dtype=torch.float64)).tolist()
+        largest = torch.tensor([self._probs_diff[2]], dtype=torch.float64)
+        group = self.engine.get_data_parallel_group()
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
+        probs_diff = (total / count, float(largest[0])) if count else None
+        return {"param_norm": param_norm, "drift": drift, "drift_rate": drift - self._drift_before, "stats": stats,
+                "rollout_probs_diff": probs_diff}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_rollout(self, rollout_config, replica_rank: int) -> None:

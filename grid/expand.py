@@ -80,7 +80,8 @@ TASK_DATA = ("checkpoint", "study")  # sweep.task_data: what the task axis maps 
 DATA_ROOT_ENV = "MARL_DATA_ROOT"
 
 
-def task_overrides(task_axis: str, scale: str, task_data: str, data_root: Optional[str]) -> Dict[str, Any]:
+def task_overrides(task_axis: str, scale: str, task_data: str, data_root: Optional[str],
+                   topology: str = "single") -> Dict[str, Any]:
     """The cell settings a task axis value implies: its concrete task (a tiny model trains on the
     synthetic task; a Qwen3 checkpoint on the sweep's `task_data`: `checkpoint`'s offline set, or
     `study`'s files under the site data root, with the study's split and validation set)."""
@@ -98,7 +99,8 @@ def task_overrides(task_axis: str, scale: str, task_data: str, data_root: Option
         raise GridError(f"task axis '{task_axis}' has no {task_data} data set (grid/conf/task/{task_axis}.yaml)")
     root = data_root or os.environ.get(DATA_ROOT_ENV) or f"${DATA_ROOT_ENV}"
     files = {key: str(Path(root).expanduser() / name) for key, name in (study.get("files") or {}).items()}
-    return _merge(study.get("cell") or {}, {"task": study["task"], "data": files})
+    per_topology = (study.get("topology") or {}).get(topology) or {}
+    return _merge(study.get("cell") or {}, per_topology, {"task": study["task"], "data": files})
 
 
 def missing_data(overrides: Dict[str, Any]) -> List[str]:
@@ -246,7 +248,7 @@ def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any
                sweep_name: str, root: str, cluster: DictConfig, data: Tuple[str, Optional[str]]) -> Cell:
     identity = cell_id(point, extra)
     resources = resources_for(cluster, point["scale"])
-    task = task_overrides(point["task"], point["scale"], *data)
+    task = task_overrides(point["task"], point["scale"], *data, topology=point["topology"])
     overrides = _merge(
         _budgets(point["task"], point["scale"], point["topology"]),
         _engine_placement(resources),

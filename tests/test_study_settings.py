@@ -1,0 +1,78 @@
+"""docs/study-settings.md against full_matrix: each listed setting's full_matrix value is what a cell
+of that kind resolves to, and every value that differs from the study's gives its reason."""
+import pytest
+import yaml
+
+from grid.expand import expand
+from grid.launch import compose
+from tests.conftest import REPO
+
+TABLE = REPO / "docs" / "study-settings.md"
+
+
+def knob_rows():
+    """(setting, cells, study, full_matrix, why) of the first table."""
+    text = TABLE.read_text()
+    section = text.split("## Settings with a harness knob", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cols) == 6 and cols[0].startswith("`"):
+            rows.append((cols[0].strip("`"), cols[1], cols[2], cols[4], cols[5]))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def resolved():
+    cfg = compose(["sweep=full_matrix"])
+    cells = expand(cfg.sweep, cfg.cluster, "runs")
+    for cell in cells:  # the data files need not exist to read the settings
+        cell.overrides.setdefault("data", {})
+    return cells
+
+
+def cell_for(cells, scope: str):
+    words = scope.split()
+    for cell in cells:
+        task, topology = cell.axes["task"], cell.axes["topology"]
+        if scope == "all" and topology == "voting" or (words and words[0] == task and topology == words[-1]):
+            return cell
+    raise AssertionError(f"no full_matrix cell for '{scope}'")
+
+
+def value_of(cell, dotted: str):
+    from harness.config import CellConfig
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(CellConfig), cell.overrides))
+    for part in dotted.split("."):
+        config = config[part]
+    return config
+
+
+def parsed(text: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def test_the_table_lists_the_studys_optimizer_loss_sampling_grouping_and_data():
+    names = {row[0] for row in knob_rows()}
+    for wanted in ("algo.temperature", "algo.adv_grouping", "algo.weight_decay", "algo.adam_betas", "algo.adam_eps",
+                   "algo.max_grad_norm", "algo.loss_agg", "task", "data.split"):
+        assert wanted in names, wanted
+    assert len(knob_rows()) >= 40
+
+
+@pytest.mark.parametrize("row", knob_rows(), ids=lambda r: f"{r[0]}@{r[1]}")
+def test_each_listed_full_matrix_value_is_what_the_cells_resolve_to(resolved, row):
+    setting, scope, study, listed, why = row
+    got = value_of(cell_for(resolved, scope), setting)
+    want = parsed(listed)
+    if isinstance(want, float) or isinstance(got, float):
+        assert got == pytest.approx(float(want)), (setting, scope, got, listed)
+    else:
+        assert got == want, f"{setting} ({scope}): full_matrix gives {got!r}, the table says {listed}"
+    if parsed(study) != want:  # a difference says why, not "same"
+        assert why and not why.startswith("same"), (setting, why)

@@ -1,24 +1,40 @@
-"""How well the early-stop detectors predict real failures, over a sweep.
+"""How well the alerts predict real failures, over a sweep, scored as what each alert is.
 
 Each run gets its objective failure labels (analysis/labels.py, computed after the fact from its
-metrics; the detectors never saw them). A detector is scored against the failures it is meant to
-warn of (`TARGETS`): on failing cells, **recall** is the share where its first alert came at or
-before the failure step and **lead** the steps between them; on cells with no failure at all
-that it can fire on (`watched_by`: a single agent has no multi-instance policy to amplify), the
-**false-positive rate** is the share where it fired anyway. Per arm (a cell's settings less
-its seed) the failure rate comes with a 95% Wilson interval, and each mitigated arm is compared
-with the same settings unmitigated (difference of failure rates, Newcombe 95% interval). `BAR` is
-the detector issue's validation bar (recall >= 0.8, median lead >= 10 steps, false positives <= 0.1).
+metrics; the detectors never saw them). Alerts are scored under three rules:
+
+- **Early warnings and confirmations apart** (`SCORED`). A warning (amplification; capture's
+  pressure sign; length drift; collapse's training-accuracy warning) is scored on **recall at lead
+  >= `MIN_LEAD`**: the failing cells where it fired at least that many steps before the failure. A
+  confirmation (collapse's validation rule; capture's "moved" sign, which read the labels' own
+  signals) is scored on its **delay** after the label and how often it fires where that failure
+  never came.
+- **Matched**: an alert counts for a failure only when it names it: capture and length drift the
+  captured role, amplification a policy of the failing cell. An alert about another role of a
+  failing cell is neither a catch nor a false alarm.
+- **Bounded**: the monitors raise nothing before the run's first validation after step 0
+  (`monitors.start_step`), so an alert that can only reflect how the cell was set up never counts.
+
+A warning's **false-positive rate** is over cells with no failure label at all that it can fire on
+(`watched_by`: a single agent has no multi-instance policy to amplify). Per arm (a cell's settings
+less its seed) the failure rate comes with a 95% Wilson interval; a **mixed** arm is one whose
+failure rate over seeds lies in `MIXED` (0.2-0.8): only there can an alert say something the
+configuration does not. On mixed arms each warning is compared with the **config-only baseline**,
+which fires at step 0 on every cell of an arm whose failure rate on the design seeds exceeds one
+half: a warning is useful where its recall minus false-positive rate beats the baseline's, with a
+95% paired bootstrap interval over the cells. Each mitigated arm is compared with the same
+settings unmitigated (difference of failure rates, Newcombe 95% interval).
 """
 from __future__ import annotations
 
 import json
 import math
+import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import pandas as pd
 import yaml
@@ -30,14 +46,58 @@ from harness.logging import read_jsonl
 if TYPE_CHECKING:
     from harness.config import MonitorConfig
 
-# which failures each detector is an early warning of. length_drift is capture's (the detector
-# issue: "a verdict/index/plan role growing is capture's early warning"); a contract failure whose
-# length does not move toward another role's (an IP aggregator's own adapter losing its index
-# format, with no other role's gradient in it) is not capture. Contract failures still count in
-# the failure rates, and `failure_coverage` says which detector, if any, warned of each kind.
-TARGETS: Dict[str, Tuple[str, ...]] = {"amplification": ("collapse",), "collapse": ("collapse",),
-                                       "capture": ("capture",), "length_drift": ("capture",)}
+
+@dataclass(frozen=True)
+class Scored:
+    """One scored alert: the (kind, signal) alerts it gathers, the failures it warns of or confirms."""
+
+    name: str
+    role: str  # "warning" | "confirmation"
+    alerts: Tuple[Tuple[str, Optional[str]], ...]
+    failures: Tuple[str, ...]
+
+
+TREND = "training vs paired run"  # harness.monitors.detectors.TREND_SIGNAL
+SCORED: Dict[str, Scored] = {s.name: s for s in (
+    Scored("amplification", "warning", (("amplification", None),), ("collapse",)),
+    Scored("capture warning", "warning", (("capture", "pressure"),), ("capture",)),
+    Scored("length_drift", "warning", (("length_drift", "pressure"), ("length_drift", "band")), ("capture",)),
+    Scored("collapse warning", "warning", (("collapse", TREND),), ("collapse",)),
+    Scored("collapse", "confirmation", (("collapse", "validation"),), ("collapse",)),
+    Scored("capture", "confirmation", (("capture", "moved"),), ("capture",)),
+)}
+# the config-only baseline, scored like a warning of any failure (config_baseline sets its alerts)
+CONFIG_ONLY = Scored("config-only", "warning", (), ("collapse", "capture", "contract"))
+WARNINGS = [n for n, s in SCORED.items() if s.role == "warning"]
+CONFIRMATIONS = [n for n, s in SCORED.items() if s.role == "confirmation"]
+# the failures each scored alert answers for (kept for callers that read the old name)
+TARGETS: Dict[str, Tuple[str, ...]] = {name: s.failures for name, s in SCORED.items()}
 FAILURE_KINDS = ("collapse", "capture", "contract")
+MIN_LEAD = 10  # steps: a warning must come at least this long before the failure to count
+MIXED = (0.2, 0.8)  # an arm's failure rate over seeds between these: the config does not decide it
+# which detector each scored alert's replay needs (its MonitorConfig field)
+DETECTOR_OF = {"amplification": "amplification", "capture warning": "capture", "capture": "capture",
+               "length_drift": "drift", "collapse warning": "collapse", "collapse": "collapse"}
+
+
+def scored_name(alert: dict) -> Optional[str]:
+    """The scored alert an alerts.jsonl record belongs to (None: a kind no failure is scored for)."""
+    key = (alert.get("kind"), alert.get("signal"))
+    for name, scored in SCORED.items():
+        if key in scored.alerts:
+            return name
+    if alert.get("kind") in ("capture", "collapse") and alert.get("signal") is None:
+        return "capture" if alert.get("kind") == "capture" else None  # logged before the signs were told apart
+    return None
+
+
+def matches(alert: dict, label: FailureLabel, policies: Set[str]) -> bool:
+    """An alert names this failure: the captured role (capture, length drift), or a policy of the
+    failing cell (amplification: collapse is the whole cell's)."""
+    if label.role is not None:
+        return alert.get("role") == label.role
+    policy = alert.get("policy")
+    return policy is None or any(p in policies for p in str(policy).split(","))
 
 
 @dataclass
@@ -46,12 +106,34 @@ class RunOutcome:
     cell_id: str
     arm: str
     labels: List[FailureLabel]
-    first_alert: Dict[str, int]  # detector kind -> first step it fired
-    watched: Set[str] = field(default_factory=lambda: set(TARGETS))  # detectors with something to watch here
+    first_alert: Dict[str, int]  # scored name -> first step it fired that names the cell's failure (or at all)
+    watched: Set[str] = field(default_factory=lambda: set(SCORED))  # scored alerts with something to watch here
+    alerts: List[dict] = field(default_factory=list)  # every scored alert the run raised (at or after `start`)
+    policies: Set[str] = field(default_factory=set)
+    start: int = 0  # the monitors' first step
+    val_every: int = 10
+
+    def failure(self, kinds: Tuple[str, ...]) -> Optional[FailureLabel]:
+        found = [label for label in self.labels if label.kind in kinds]
+        return min(found, key=lambda label: label.step) if found else None
 
     def failure_step(self, kinds: Tuple[str, ...]) -> Optional[int]:
-        steps = [label.step for label in self.labels if label.kind in kinds]
-        return min(steps) if steps else None
+        label = self.failure(kinds)
+        return None if label is None else label.step
+
+
+def first_alerts(alerts: Sequence[dict], labels: List[FailureLabel], policies: Set[str]) -> Dict[str, int]:
+    """Per scored alert, the first step it fired: matched to the failure it answers for where the cell
+    has one (the first such label), else the first step at all (a false alarm on a healthy cell)."""
+    first: Dict[str, int] = {}
+    for name, scored in SCORED.items():
+        found = [label for label in labels if label.kind in scored.failures]
+        label = min(found, key=lambda l: l.step) if found else None
+        steps = [a["step"] for a in alerts if scored_name(a) == name and isinstance(a.get("step"), int)
+                 and (label is None or matches(a, label, policies))]
+        if steps:
+            first[name] = min(steps)
+    return first
 
 
 def arm_of(cfg: dict) -> str:
@@ -63,13 +145,25 @@ def arm_of(cfg: dict) -> str:
     return f"{head}{tail} ({cfg.get('task', '?')}, {cfg.get('scale', '?')})"
 
 
-def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
+@dataclass
+class ReplayContext:
+    """What the monitors of a logged run saw, to replay them: settings (the paired run set), the role
+    -> policy and role -> contract maps, and the first step they may alert at."""
+
+    monitors: MonitorConfig
+    role_policies: Dict[str, List[str]]
+    role_contracts: Optional[Dict[str, str]]
+    start: int
+    val_every: int
+
+
+def replay_setup(run: Path) -> ReplayContext:
     """The detectors' context of a logged run, as it was live: default settings with the paired
     single-agent run of the same sweep directory as `monitors.reference_run` (the one the run
     recorded, looked up by name beside it, since a sweep directory may have moved; else the grid's
-    id for it), and the role -> policy map from status.json."""
+    id for it), the role maps from status.json, and the start bound from the cell's validations."""
     from harness.config import MonitorConfig, upgrade_stored
-    from harness.monitors.settle import role_policies_of
+    from harness.monitors.settle import role_contracts_of, role_policies_of
 
     from grid.expand import cell_id
 
@@ -83,64 +177,74 @@ def replay_setup(run: Path) -> Tuple[MonitorConfig, Dict[str, List[str]]]:
     if cell.get("topology") != "single" and (paired / "metrics.jsonl").is_file():
         monitors.reference_run = str(paired)
     status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
-    return monitors, role_policies_of(status)
+    val_every = int(cell.get("val_every") or 10)
+    start = (cell.get("monitors") or {}).get("start_step")
+    return ReplayContext(monitors, role_policies_of(status), role_contracts_of(status),
+                         int(start) if start is not None else val_every, val_every)
 
 
-def replayed_alerts(records: List[dict], monitors: MonitorConfig, role_policies: Dict[str, List[str]]) -> List[dict]:
+def replayed_alerts(records: List[dict], context: ReplayContext) -> List[dict]:
     """The alerts today's detectors raise on a run's logged metrics, as they would have live (in the
     context replay_setup gives). For re-scoring a sweep after the detectors changed; the run's own
     alerts.jsonl stays as it was."""
     from harness.monitors import Monitor
 
-    monitor = Monitor(monitors, role_policies)
+    monitor = Monitor(context.monitors, context.role_policies, context.role_contracts, context.start)
     return [a.record() for record in records for a in monitor.observe(record)]
 
 
-def watched_by(records: List[dict], paired_reference: bool = False) -> Set[str]:
-    """The detectors that can fire on a run at all, from what its metrics hold: amplification needs a
+def watched_by(records: List[dict], paired_reference: bool = False,
+               role_contracts: Optional[Dict[str, str]] = None) -> Set[str]:
+    """The scored alerts that can fire on a run at all, from what its metrics hold: amplification needs a
     policy trained by >= 2 role instances and something to compare it with (the paired single-agent
-    run, else a one-instance policy in the cell), capture two roles, length_drift a short-contract
-    role, collapse validations. A cell built so that a detector cannot fire (a single agent, one
-    adapter per instance) is silent by construction: counting it as a true negative would lower the
-    false-positive rate by how the sweep is composed, not by what the detector does."""
-    from harness.config import MonitorConfig
+    run, else a one-instance policy in the cell), capture two roles, length drift and capture's warning
+    a judging role, collapse validations (its warning the paired run too). A cell built so that an
+    alert cannot fire (a single agent, one adapter per instance) is silent by construction: counting
+    it as a true negative would lower the false-positive rate by how the sweep is composed, not by
+    what the detector does."""
     from harness.monitors.detectors import names_in
+    from harness.monitors.roles import judging_roles
 
     roles = {role for r in records for role in names_in(r, "role", "response_length")}
     kinds = {"collapse"} if any(isinstance(r.get("val/accuracy"), (int, float)) for r in records) else set()
+    if paired_reference:
+        kinds.add("collapse warning")
     instances = [r[f"policy/{p}/instances"] for r in records for p in names_in(r, "policy", "instances")
                  if isinstance(r[f"policy/{p}/instances"], (int, float))]
     if any(n >= 2 for n in instances) and (paired_reference or any(n < 2 for n in instances)):
         kinds.add("amplification")
+    judging = roles & set(judging_roles(role_contracts))
     if len(roles) >= 2:
         kinds.add("capture")
-    if roles & set(MonitorConfig().drift.roles):
+        if judging:
+            kinds.add("capture warning")
+    if judging:
         kinds.add("length_drift")
     return kinds
 
 
 def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False,
              until: Optional[int] = None) -> List[RunOutcome]:
-    """Every run's labels and first alerts; with `until`, only its steps below `until` count, as
-    if the sweep had stopped there (the same cells scored at a shorter horizon: the first steps
-    of a longer run are those of the shorter one under a constant learning rate)."""
+    """Every run's labels and alerts; with `until`, only its steps below `until` count, as if the
+    sweep had stopped there (the same cells scored at a shorter horizon: the first steps of a longer
+    run are those of the shorter one under a constant learning rate)."""
     results = []
     for run in find_runs(sweep):
         cell = yaml.safe_load((run / "cell.yaml").read_text()) or {}
-        monitors, role_policies = replay_setup(run)
+        context = replay_setup(run)
         records = read_jsonl(run / "metrics.jsonl")
-        first: Dict[str, int] = {}
-        for alert in (replayed_alerts(records, monitors, role_policies) if replay
-                      else read_jsonl(run / "alerts.jsonl")):
-            kind, step = alert.get("kind"), alert.get("step")
-            if kind in TARGETS and isinstance(step, int) and (until is None or step < until) \
-                    and (kind not in first or step < first[kind]):
-                first[kind] = step
+        raised = replayed_alerts(records, context) if replay else read_jsonl(run / "alerts.jsonl")
+        alerts = [a for a in raised if scored_name(a) is not None and isinstance(a.get("step"), int)
+                  and a["step"] >= context.start and (until is None or a["step"] < until)]
         if until is not None:
             records = [r for r in records if isinstance(r.get("step"), int) and r["step"] < until]
-        paired = monitors.reference_run is not None
-        results.append(RunOutcome(run, cell.get("cell_id") or run.name, arm_of(cell), label_records(records, cfg),
-                                  first, watched_by(records, paired) | set(first)))
+        labels = label_records(records, cfg)
+        policies = {p for members in context.role_policies.values() for p in members}
+        first = first_alerts(alerts, labels, policies)
+        paired = context.monitors.reference_run is not None
+        results.append(RunOutcome(run, cell.get("cell_id") or run.name, arm_of(cell), labels, first,
+                                  watched_by(records, paired, context.role_contracts) | set(first), alerts,
+                                  policies, context.start, context.val_every))
     return results
 
 
@@ -154,21 +258,19 @@ def wilson(k: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-# the detector issue's bar: a detector is validated when, over >= 5 seeds, it meets all three
-BAR = {"recall": 0.8, "median lead (steps)": 10.0, "false-positive rate": 0.1}
+# the aim for an early warning: recall >= 0.8 at a lead >= MIN_LEAD steps, false positives <= 0.1
+BAR = {"recall": 0.8, "median lead (steps)": float(MIN_LEAD), "false-positive rate": 0.1}
 
 
 def meets_bar(row: dict) -> str:
-    """yes, or no with what falls short ("no: lead 3 < 10"), or "not measurable" where the sweep has
-    no failing or no healthy cell to score it on."""
+    """yes, or no with what falls short ("no: recall 0.40 < 0.8"), or "not measurable" where the cells
+    hold no failing or no healthy cell to score it on. Recall already asks for the lead."""
     if not row["failing cells"] or not row["healthy cells"]:
         return "not measurable"
-    recall, lead, fpr = (row["recall"], row["median lead (steps)"], row["false-positive rate"])
+    recall, fpr = row["recall"], row["false-positive rate"]
     short = []
     if not recall >= BAR["recall"]:
         short.append(f"recall {recall:.2f} < {BAR['recall']:g}")
-    if math.isnan(lead) or lead < BAR["median lead (steps)"]:
-        short.append("no lead" if math.isnan(lead) else f"lead {lead:g} < {BAR['median lead (steps)']:g}")
     if not fpr <= BAR["false-positive rate"]:
         short.append(f"false positives {fpr:.3f} > {BAR['false-positive rate']:g}")
     return "no: " + ", ".join(short) if short else "yes"
@@ -208,31 +310,171 @@ def mitigation_effects(results: List[RunOutcome]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def detector_scores(results: List[RunOutcome]) -> pd.DataFrame:
+def definition(name: str) -> Scored:
+    return CONFIG_ONLY if name == CONFIG_ONLY.name else SCORED[name]
+
+
+def caught(r: RunOutcome, name: str) -> Optional[int]:
+    """The lead of warning `name` on the failure it warns of in this cell (None: no such failure, or
+    not warned at least MIN_LEAD steps before it)."""
+    step = r.failure_step(definition(name).failures)
+    alert = r.first_alert.get(name)
+    if step is None or alert is None or step - alert < MIN_LEAD:
+        return None
+    return step - alert
+
+
+def fired_falsely(r: RunOutcome, name: str) -> bool:
+    return not r.labels and name in r.first_alert
+
+
+def detector_scores(results: List[RunOutcome], names: Sequence[str] = tuple(WARNINGS)) -> pd.DataFrame:
+    """Each early warning: recall at lead >= MIN_LEAD on the failing cells it warns of, the median of
+    those leads, and its false-positive rate on the healthy cells it watches, with Wilson intervals."""
     rows = []
     healthy = [r for r in results if not r.labels]
-    for kind, targets in TARGETS.items():
+    for name in names:
+        targets = definition(name).failures
         failing = [r for r in results if r.failure_step(targets) is not None]
-        leads = [r.failure_step(targets) - r.first_alert[kind] for r in failing
-                 if kind in r.first_alert and r.first_alert[kind] <= r.failure_step(targets)]
-        watching = [r for r in healthy if kind in r.watched]
-        false = sum(kind in r.first_alert for r in watching)
-        rows.append({"detector": kind, "warns of": ", ".join(targets), "failing cells": len(failing),
+        leads = [lead for lead in (caught(r, name) for r in failing) if lead is not None]
+        watching = [r for r in healthy if name in r.watched]
+        false = sum(fired_falsely(r, name) for r in watching)
+        rows.append({"detector": name, "warns of": ", ".join(targets), "failing cells": len(failing),
                      "caught in time": len(leads), "recall": len(leads) / len(failing) if failing else float("nan"),
+                     "recall 95% CI": "[{:.2f}, {:.2f}]".format(*wilson(len(leads), len(failing))),
                      "median lead (steps)": median(leads) if leads else float("nan"),
                      "healthy cells": len(watching), "fired on healthy": false,
                      "false-positive rate": false / len(watching) if watching else float("nan"),
                      "false-positive 95% CI": "[{:.2f}, {:.2f}]".format(*wilson(false, len(watching))),
                      "healthy, silent by construction": len(healthy) - len(watching)})
-        rows[-1]["meets the bar"] = meets_bar(rows[-1])
+        rows[-1]["meets the aim"] = meets_bar(rows[-1])
     return pd.DataFrame(rows)
 
 
+def confirmation_scores(results: List[RunOutcome]) -> pd.DataFrame:
+    """Each confirmation: on the cells with the failure it confirms, how often and how long after the
+    label it fired (in steps and in validations); on cells without that failure that it watches, how
+    often it fired anyway."""
+    rows = []
+    for name in CONFIRMATIONS:
+        targets = SCORED[name].failures
+        failing = [r for r in results if r.failure_step(targets) is not None]
+        delays = [r.first_alert[name] - r.failure_step(targets) for r in failing if name in r.first_alert]
+        validations = [(r.first_alert[name] - r.failure_step(targets)) / max(r.val_every, 1)
+                       for r in failing if name in r.first_alert]
+        others = [r for r in results if r.failure_step(targets) is None and name in r.watched]
+        false = sum(name in r.first_alert for r in others)
+        rows.append({"confirmation": name, "confirms": ", ".join(targets), "failing cells": len(failing),
+                     "confirmed": len(delays), "median delay (steps)": median(delays) if delays else float("nan"),
+                     "median delay (validations)": median(validations) if validations else float("nan"),
+                     "before the label": sum(d < 0 for d in delays),
+                     "cells without it": len(others), "fired anyway": false,
+                     "false-positive rate": false / len(others) if others else float("nan"),
+                     "false-positive 95% CI": "[{:.2f}, {:.2f}]".format(*wilson(false, len(others)))})
+    return pd.DataFrame(rows)
+
+
+def arm_rates(results: List[RunOutcome]) -> Dict[str, float]:
+    by_arm: Dict[str, List[RunOutcome]] = {}
+    for r in results:
+        by_arm.setdefault(r.arm, []).append(r)
+    return {arm: sum(bool(r.labels) for r in part) / len(part) for arm, part in by_arm.items()}
+
+
+def mixed_arms(results: List[RunOutcome]) -> List[str]:
+    """The arms whose failure rate over their seeds lies in MIXED: the settings where the same config
+    both fails and survives (single agents excluded: nothing multi-agent to diagnose there)."""
+    low, high = MIXED
+    return sorted(arm for arm, rate in arm_rates(results).items()
+                  if low <= rate <= high and not arm.startswith("single"))
+
+
+def config_baseline(results: List[RunOutcome], design: List[RunOutcome]) -> Tuple[List[RunOutcome], Set[str]]:
+    """The config-only baseline as a scored alert: it fires at step 0 on every cell of an arm whose
+    failure rate on the design seeds exceeds one half (an arm the design seeds never ran: silent).
+    Returns the cells with its first alert set (name "config-only") and the arms it fires on."""
+    from dataclasses import replace
+
+    rates = arm_rates(design)
+    firing = {arm for arm, rate in rates.items() if rate > 0.5}
+    scored = [replace(r, first_alert={CONFIG_ONLY.name: 0} if r.arm in firing else {},
+                      watched=r.watched | {CONFIG_ONLY.name}) for r in results]
+    return scored, firing
+
+
+def _youden(cells: List[RunOutcome], name: str, failures: Tuple[str, ...]) -> Tuple[float, int, int]:
+    """recall at lead >= MIN_LEAD minus false-positive rate of `name` on `cells` (nan where either is
+    unmeasured), and the counts of failing and healthy cells."""
+    failing = [r for r in cells if r.failure_step(failures) is not None]
+    healthy = [r for r in cells if not r.labels]
+    if not failing or not healthy:
+        return float("nan"), len(failing), len(healthy)
+    hits = 0
+    for r in failing:
+        step, alert = r.failure_step(failures), r.first_alert.get(name)
+        hits += alert is not None and step - alert >= MIN_LEAD
+    return hits / len(failing) - sum(name in r.first_alert for r in healthy) / len(healthy), len(failing), len(healthy)
+
+
+def against_baseline(results: List[RunOutcome], baseline: List[RunOutcome], names: Sequence[str] = tuple(WARNINGS),
+                     resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per warning, on the same cells: its recall-minus-false-positive-rate (Youden's J, at lead >=
+    MIN_LEAD) against the config-only baseline's, and the difference with a 95% paired bootstrap
+    interval over cells. Useful where the interval lies above 0."""
+    rows = []
+    rng = random.Random(seed)
+    by_id = {r.cell_id: r for r in baseline}
+    for name in names:
+        failures = SCORED[name].failures
+        cells = [r for r in results if name in r.watched or r.failure_step(failures) is not None]
+        pairs = [(r, by_id[r.cell_id]) for r in cells if r.cell_id in by_id]
+        own, n_fail, n_healthy = _youden([a for a, _ in pairs], name, failures)
+        base, _, _ = _youden([b for _, b in pairs], CONFIG_ONLY.name, failures)
+        diffs = []
+        for _ in range(resamples if not math.isnan(own) else 0):
+            sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+            a, _, _ = _youden([x for x, _ in sample], name, failures)
+            b, _, _ = _youden([y for _, y in sample], CONFIG_ONLY.name, failures)
+            if not (math.isnan(a) or math.isnan(b)):
+                diffs.append(a - b)
+        diffs.sort()
+        low, high = (diffs[int(0.025 * len(diffs))], diffs[int(0.975 * len(diffs)) - 1]) if diffs else (math.nan, math.nan)
+        verdict = ("not measurable" if math.isnan(own) or math.isnan(base) else
+                   "beats the config-only baseline" if low > 0 else
+                   "worse than the config-only baseline" if high < 0 else
+                   "not shown better than the config-only baseline")
+        rows.append({"detector": name, "failing cells": n_fail, "healthy cells": n_healthy,
+                     "J (recall - FPR)": own, "config-only J": base, "difference": own - base,
+                     "95% CI (bootstrap)": f"[{low:+.2f}, {high:+.2f}]" if diffs else "–", "verdict": verdict})
+    return pd.DataFrame(rows)
+
+
+def calibration_rows(results: List[RunOutcome], within: int) -> List[dict]:
+    """Per (kind, signal) of every scored alert: of the cells where it fired, how many had the failure
+    it answers for (naming the same role or policy) by `within` steps after its first firing."""
+    rows = []
+    for name, scored in SCORED.items():
+        for kind, signal in scored.alerts:
+            fired = failed = 0
+            for r in results:
+                mine = [a for a in r.alerts if (a.get("kind"), a.get("signal")) == (kind, signal)]
+                if not mine:
+                    continue
+                fired += 1
+                first = min(a["step"] for a in mine)
+                labels = [l for l in r.labels if l.kind in scored.failures and l.step <= first + within
+                          and any(matches(a, l, r.policies) for a in mine)]
+                failed += bool(labels)
+            if fired:
+                rows.append({"kind": kind, "signal": signal, "failure": ", ".join(scored.failures),
+                             "failed": failed, "fired": fired})
+    return rows
+
+
 def failure_coverage(results: List[RunOutcome]) -> pd.DataFrame:
-    """Per failure kind (and any failure): the failing cells that some detector warned of in time
-    (a first alert of amplification, capture, length_drift or collapse at or before the failure
-    step, whatever failure that detector targets), the median lead of the earliest
-    such alert and which detector came first. What a user watching every alert would have seen,
+    """Per failure kind (and any failure): the failing cells that some early warning came at least
+    MIN_LEAD steps before (whatever failure that warning targets), the median lead of the earliest
+    such warning and which one it was. What a user watching every warning would have seen,
     including failures no detector targets."""
     rows = []
     for kind in FAILURE_KINDS + ("any failure",):
@@ -241,9 +483,10 @@ def failure_coverage(results: List[RunOutcome]) -> pd.DataFrame:
         leads, first_by = [], {}
         for r in failing:
             step = r.failure_step(kinds)
-            in_time = {detector: alert for detector, alert in r.first_alert.items() if alert <= step}
+            in_time = {name: alert for name, alert in r.first_alert.items()
+                       if name in WARNINGS and alert <= step - MIN_LEAD}
             if in_time:
-                first = min(in_time, key=lambda detector: (in_time[detector], detector))
+                first = min(in_time, key=lambda name: (in_time[name], name))
                 leads.append(step - in_time[first])
                 first_by[first] = first_by.get(first, 0) + 1
         rows.append({"failure": kind, "failing cells": len(failing), "warned in time": len(leads),
@@ -254,6 +497,7 @@ def failure_coverage(results: List[RunOutcome]) -> pd.DataFrame:
 
 
 def arm_failure_rates(results: List[RunOutcome]) -> pd.DataFrame:
+    mixed = set(mixed_arms(results))
     rows = []
     for arm in sorted({r.arm for r in results}):
         part = [r for r in results if r.arm == arm]
@@ -261,7 +505,8 @@ def arm_failure_rates(results: List[RunOutcome]) -> pd.DataFrame:
         low, high = wilson(failed, len(part))
         kinds = sorted({label.kind for r in part for label in r.labels})
         rows.append({"arm": arm, "cells": len(part), "failed": failed, "failure rate": failed / len(part),
-                     "95% CI": f"[{low:.2f}, {high:.2f}]", "failure kinds": ", ".join(kinds) or "–"})
+                     "95% CI": f"[{low:.2f}, {high:.2f}]", "failure kinds": ", ".join(kinds) or "–",
+                     "mixed": "yes" if arm in mixed else ""})
     return pd.DataFrame(rows)
 
 
@@ -272,8 +517,8 @@ def cell_table(results: List[RunOutcome]) -> pd.DataFrame:
         rows.append({"cell": r.cell_id, "arm": r.arm,
                      "failure": "; ".join(f"{l.kind}{' (' + l.role + ')' if l.role else ''} at {l.step}"
                                           for l in r.labels) or "–",
-                     **{f"first_{kind}": r.first_alert.get(kind, float("nan")) for kind in TARGETS},
-                     "first_failure": failure if failure is not None else float("nan")})
+                     **{f"first {name}": r.first_alert.get(name, float("nan")) for name in SCORED},
+                     "first failure": failure if failure is not None else float("nan")})
     return pd.DataFrame(rows)
 
 
@@ -283,4 +528,3 @@ def seeds_of(results: List[RunOutcome]) -> int:
     for r in results:
         counts[r.arm] = counts.get(r.arm, 0) + 1
     return min(counts.values()) if counts else 0
-

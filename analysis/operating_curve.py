@@ -12,30 +12,27 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pandas as pd
 
-from analysis.detector_validation import BAR, RunOutcome, detector_scores, replay_setup
+from analysis.detector_validation import (BAR, DETECTOR_OF, WARNINGS, ReplayContext, RunOutcome, detector_scores,
+                                          first_alerts, replay_setup, scored_name)
 from harness.logging import read_jsonl
 from harness.monitors.detectors import ReferenceRun, build_detector
 
-if TYPE_CHECKING:
-    from harness.config import MonitorConfig
-
-# the settings tried per detector (its MonitorConfig field's names); the defaults are added where missing
+# the settings tried per early warning (its detector's MonitorConfig field's names); the defaults are added
 GRID: Dict[str, Dict[str, List[Any]]] = {
-    "amplification": {"min_ratio": [1.1, 1.3, 1.6], "min_update_ratio": [0.0, 0.05, 0.075, 0.1],
+    "amplification": {"min_ratio": [1.1, 1.3, 1.6], "min_rise": [0.0, 0.1, 0.25, 0.5],
                       "min_coherence": [0.0, 0.5], "patience": [1, 2, 5]},
-    "capture": {"length_approach": [0.1, 0.2, 0.3, 0.5], "contract_drop": [0.05, 0.1, 0.15, 0.3],
-                "ewma_alpha": [0.2, 0.5], "patience": [1, 2, 5], "pressure_z": [3.0, 4.0, 6.0]},
+    "capture warning": {"pressure_window": [5, 10, 20], "patience": [1, 2, 5], "pressure_z": [3.0, 4.0, 6.0]},
     "length_drift": {"z_threshold": [1.5, 2.0, 3.0, 5.0, 8.0], "ewma_alpha": [0.2, 0.5], "patience": [1, 3, 5],
                      "pressure_z": [3.0, 4.0, 6.0]},
-    "collapse": {"fraction": [0.7, 0.8, 0.9], "se": [0.0, 1.0, 2.0], "patience": [1, 2], "trend_window": [0, 5, 10, 20]},
+    "collapse warning": {"fraction": [0.7, 0.8, 0.9], "se": [0.0, 1.0, 2.0], "trend_window": [5, 10, 20],
+                         "trend_patience": [1, 2]},
 }
-# detector kind (as alerts name it) -> its field of MonitorConfig and of DETECTORS
-CONFIG_FIELD = {"amplification": "amplification", "capture": "capture", "length_drift": "drift",
-                "collapse": "collapse"}
+# scored warning -> its detector's field of MonitorConfig and of DETECTORS
+CONFIG_FIELD = {name: DETECTOR_OF[name] for name in WARNINGS}
 
 
 @dataclass
@@ -44,8 +41,7 @@ class ReplayCell:
 
     outcome: RunOutcome
     records: List[dict]
-    monitors: MonitorConfig  # defaults, with the paired reference run set
-    role_policies: Dict[str, List[str]]
+    context: ReplayContext
     reference: Optional[ReferenceRun]  # the paired run's log, read once for every setting
 
 
@@ -54,9 +50,9 @@ def load_cells(results: List[RunOutcome], until: Optional[int] = None) -> List[R
     for r in results:
         records = [m for m in read_jsonl(r.run_dir / "metrics.jsonl")
                    if isinstance(m.get("step"), int) and (until is None or m["step"] < until)]
-        monitors, role_policies = replay_setup(r.run_dir)
-        reference = ReferenceRun(monitors.reference_run) if monitors.reference_run else None
-        cells.append(ReplayCell(r, records, monitors, role_policies, reference))
+        context = replay_setup(r.run_dir)
+        reference = ReferenceRun(context.monitors.reference_run) if context.monitors.reference_run else None
+        cells.append(ReplayCell(r, records, context, reference))
     return cells
 
 
@@ -76,15 +72,15 @@ def default_setting(kind: str, grid: Optional[Dict[str, List[Any]]] = None) -> D
 
 
 def first_alert(kind: str, setting: Dict[str, Any], cell: ReplayCell) -> Optional[int]:
-    """The step of the detector's first alert on the run's metrics under `setting`, or None."""
+    """The step of the warning's first alert on the run's metrics under `setting` that names the
+    cell's failure (or at all, on a healthy cell), from the monitors' first step on; or None."""
     field = CONFIG_FIELD[kind]
-    detector = build_detector(field, replace(getattr(cell.monitors, field), **setting), cell.role_policies,
-                              cell.reference)
-    for record in cell.records:
-        alerts = detector.observe(record)
-        if alerts:
-            return min(a.step for a in alerts)
-    return None
+    context = cell.context
+    detector = build_detector(field, replace(getattr(context.monitors, field), **setting), context.role_policies,
+                              cell.reference, context.role_contracts)
+    alerts = [a.record() for record in cell.records for a in detector.observe(record)]
+    alerts = [a for a in alerts if a["step"] >= context.start and scored_name(a) == kind]
+    return first_alerts(alerts, cell.outcome.labels, cell.outcome.policies).get(kind)
 
 
 def describe(setting: Dict[str, Any]) -> str:
@@ -93,12 +89,12 @@ def describe(setting: Dict[str, Any]) -> str:
 
 
 def score(kind: str, setting: Dict[str, Any], cells: List[ReplayCell]) -> dict:
-    """The detector's figures under `setting` on these cells, as detector_scores counts them."""
+    """The warning's figures under `setting` on these cells, as detector_scores counts them."""
     scored = []
     for cell in cells:
         step = first_alert(kind, setting, cell)
         scored.append(replace(cell.outcome, first_alert={} if step is None else {kind: step}))
-    return detector_scores(scored).set_index("detector").loc[kind].to_dict()
+    return detector_scores(scored, [kind]).set_index("detector").loc[kind].to_dict()
 
 
 def curve(kind: str, cells: List[ReplayCell], grid: Optional[Dict[str, List[Any]]] = None) -> pd.DataFrame:
@@ -128,7 +124,7 @@ def closeness_to_bar(row) -> tuple:
     lead and false positives (a setting meeting the bar always beats one that does not), then the
     default among settings alike."""
     recall, lead, neg_fpr = _figures(row)
-    met = (recall >= BAR["recall"]) + (lead >= BAR["median lead (steps)"]) + (-neg_fpr <= BAR["false-positive rate"])
+    met = (recall >= BAR["recall"]) + (-neg_fpr <= BAR["false-positive rate"])
     return (met, recall, lead, neg_fpr, row["default"])
 
 
@@ -150,9 +146,9 @@ def choose(frame: pd.DataFrame) -> dict:
 def summary_line(kind: str, frame: pd.DataFrame) -> str:
     """What the whole curve says: how many settings meet the bar here, and the best lead any setting
     reaches with the bar's recall and false-positive rate."""
-    if (frame["meets the bar"] == "not measurable").all():
+    if (frame["meets the aim"] == "not measurable").all():
         return f"{kind}: not measurable on these cells (no failure it warns of, or no healthy cell)."
-    meeting = frame[frame["meets the bar"] == "yes"]
+    meeting = frame[frame["meets the aim"] == "yes"]
     usable = frame[(frame["recall"] >= BAR["recall"]) & (frame["false-positive rate"] <= BAR["false-positive rate"])]
     best = usable["median lead (steps)"].max() if len(usable) else float("nan")
     text = (f"{kind}: {len(meeting)} of {len(frame)} settings meet the bar on these cells; "
@@ -162,7 +158,7 @@ def summary_line(kind: str, frame: pd.DataFrame) -> str:
     return text
 
 
-SHOWN = ["setting", "default", "settings alike", "recall", "median lead (steps)", "false-positive rate", "meets the bar"]
+SHOWN = ["setting", "default", "settings alike", "recall", "median lead (steps)", "false-positive rate", "meets the aim"]
 
 
 def shown(frame: pd.DataFrame) -> pd.DataFrame:
@@ -190,7 +186,7 @@ def held_out(kinds: List[str], design: List[ReplayCell], test: List[ReplayCell],
                      "chosen on the design sweep": chosen["setting"] + (" (the default: the design sweep cannot "
                                                                         "score it)" if unscorable(chosen) else ""),
                      "design": _triple(chosen), "held out": _triple(on_test),
-                     "held out, defaults": _triple(defaults), "held out: meets the bar": on_test["meets the bar"]})
+                     "held out, defaults": _triple(defaults), "held out: meets the aim": on_test["meets the aim"]})
     return pd.DataFrame(rows)
 
 

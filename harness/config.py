@@ -183,9 +183,14 @@ class AmplificationConfig:
     """A policy trained by several role instances moves faster than one instance moves a policy."""
 
     action: str = "alert"
-    min_ratio: float = 1.3  # its drift ‖θ_t − θ_0‖ over the reference's at the same step
+    min_ratio: float = 1.3  # its drift ‖θ_t − θ_0‖ over the reference's at the same step (EWMA)
     min_coherence: float = 0.5  # EWMA of its instances' ‖Σg_i‖²/Σ‖g_i‖²; below this they cancel out
-    min_update_ratio: float = 0.1  # EWMA of its Σ_k‖Δθ_k‖/‖θ‖ per training step: fast in absolute terms too
+    # and pulling away: that ratio risen this share above its own early band (the ratio over its first
+    # `baseline_steps` judged steps). n instances make a policy faster by a fixed factor, which says how
+    # the cell is built; a ratio still rising says the policy is running away. All ratios: scale-free
+    min_rise: float = 0.25
+    baseline_steps: int = 10
+    ewma_alpha: float = 0.2
     min_step: int = 3  # drift over the first steps is too small to compare
     patience: int = 5  # consecutive steps
 
@@ -202,16 +207,16 @@ class CaptureConfig:
     min_share_rise: Optional[float] = None  # also ask the other role's gradient share to rise by this (off)
     pressure_z: Optional[float] = 4.0  # |Σ cov(advantage, length)| / its SE over the window, toward the other; None: off
     pressure_window: int = 10  # steps
-    pressure_roles: List[str] = field(default_factory=lambda: ["aggregator", "evaluator", "orchestrator"])
+    pressure_roles: List[str] = field(default_factory=list)  # [] (default): the judging roles, found by contract
     patience: int = 5
 
 
 @dataclass
 class DriftConfig:
-    """A role whose contract is short (verdict, index, plan) changes its length: capture's early warning."""
+    """A judging role (a verdict, an index, a plan, a search action) changes its length: capture's early warning."""
 
     action: str = "alert"
-    roles: List[str] = field(default_factory=lambda: ["aggregator", "evaluator", "orchestrator"])
+    roles: List[str] = field(default_factory=list)  # [] (default): the judging roles, found by contract
     baseline_steps: int = 10
     ewma_alpha: float = 0.2
     z_threshold: float = 5.0
@@ -247,6 +252,10 @@ class NonFiniteConfig:
 @dataclass
 class MonitorConfig:
     debounce: int = 25  # steps before the same alert (kind, role, policy, signal) may fire again
+    # no alert before this step (detectors still read every record): an alert before the run has
+    # learned anything can only say which setting the cell was trained in. None: the cell's first
+    # validation after step 0 (val_every)
+    start_step: Optional[int] = None
     # the paired single-agent run's dir (the grid sets it): amplification's drift reference (else the
     # cell's own one-instance policies) and collapse's early warning (else validation alone)
     reference_run: Optional[str] = None
@@ -255,6 +264,10 @@ class MonitorConfig:
     drift: DriftConfig = field(default_factory=DriftConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     nonfinite: NonFiniteConfig = field(default_factory=NonFiniteConfig)
+
+
+# detector settings of earlier versions (an absolute gate on the update size, retired for a relative one)
+RETIRED_MONITOR_KEYS = {"amplification": ("min_update_ratio",)}
 
 
 def stored_cell_config(run: Path) -> "CellConfig":
@@ -267,6 +280,9 @@ def upgrade_stored(cell: dict) -> dict:
     """A cell.yaml as today's CellConfig reads it: runs logged before the paired run became one
     monitors setting kept it under each detector (`monitors.amplification.reference_run`)."""
     monitors = cell.get("monitors") or {}
+    for detector, removed in RETIRED_MONITOR_KEYS.items():  # settings later detectors no longer have
+        for key in removed:
+            (monitors.get(detector) or {}).pop(key, None)
     for detector in ("amplification", "collapse"):
         recorded = (monitors.get(detector) or {}).pop("reference_run", None)
         if recorded and not monitors.get("reference_run"):
@@ -418,6 +434,12 @@ def default_cell_id(cfg: CellConfig) -> str:
     elif topology.endswith((".yaml", ".yml")):
         topology = topology.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
     return f"{topology}-{cfg.sharing}-{cfg.task}-{cfg.scale}-s{cfg.seed}{tail}"
+
+
+def monitor_start(cfg: "CellConfig") -> int:
+    """The first step the monitors may alert at: monitors.start_step, else the first validation after
+    step 0 (the run has learned something; an earlier alert can only reflect the cell's setting)."""
+    return int(cfg.monitors.start_step if cfg.monitors.start_step is not None else cfg.val_every)
 
 
 def kl_beta(algo: AlgoConfig, role: str) -> float:

@@ -10,18 +10,18 @@ Each name sets the knobs that implement it (they can also be set directly):
 | `kl_anchor` | amplification, capture | `algo.kl_coef=0.05` (if 0), per role `algo.kl_coef_per_role.<role>` | loss += β_role · KL(π_θ ‖ π_base) per token (verl's low-variance estimator), the base being the adapter switched off |
 | `role_balanced` | capture (SP) | `algo.loss_agg=role-balanced` | L = (1/|R|) Σ_r token-mean over role r's tokens, so a role's weight no longer grows with its tokens |
 | `agent_norm` | capture (SP) | `algo.adv_norm=agent` | A = (s − mean of the group's scores of that role) / std of the role's scores over the whole batch (Dr. MAS), instead of the group's own std |
-| `length_penalty` | capture (SP) | `reward.per_role.<role>.length=-0.05` for the short-contract roles (aggregator, evaluator, orchestrator) unless set | r_turn −= 0.05 per response token of a role whose contract is a verdict, an index or a plan |
+| `length_penalty` | capture (SP) | `reward.per_role.<role>.length=-0.05` for the judging roles (their contract a verdict, an index, a plan or a search action: the evaluator, aggregator, orchestrator, verifier, decomposer, ...) unless set | r_turn −= 0.05 per response token of a judging role |
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Mapping, Optional
 
 from harness.config import CellConfig, ConfigError
+from harness.monitors.roles import judging_roles
 
 KL_ANCHOR_BETA = 0.05
 COHERENCE_REG = 1.0
 LENGTH_PENALTY = -0.05
-SHORT_CONTRACT_ROLES = ("aggregator", "evaluator", "orchestrator")
 
 
 def _role_count_scaling(cfg: CellConfig) -> None:
@@ -46,8 +46,8 @@ def _agent_norm(cfg: CellConfig) -> None:
     cfg.algo.adv_norm = "agent"
 
 
-def _length_penalty(cfg: CellConfig) -> None:
-    for role in SHORT_CONTRACT_ROLES:
+def _length_penalty(cfg: CellConfig, role_contracts: Optional[Mapping[str, str]] = None) -> None:
+    for role in judging_roles(role_contracts):
         weights = dict(cfg.reward.per_role.get(role, {}))
         weights.setdefault("length", LENGTH_PENALTY)
         cfg.reward.per_role[role] = weights
@@ -73,7 +73,11 @@ def mitigation_names(value: str) -> List[str]:
     return names
 
 
-def apply_mitigations(cfg: CellConfig) -> None:
-    """Set the knobs of every mitigation named in cfg.mitigation (idempotent)."""
+def apply_mitigations(cfg: CellConfig, role_contracts: Optional[Mapping[str, str]] = None) -> None:
+    """Set the knobs of every mitigation named in cfg.mitigation (idempotent). `role_contracts`
+    (role -> contract, from the cell's workflow) tells length_penalty which roles judge."""
     for name in mitigation_names(cfg.mitigation):
-        MITIGATIONS[name](cfg)
+        if name == "length_penalty":
+            _length_penalty(cfg, role_contracts)
+        else:
+            MITIGATIONS[name](cfg)

@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from harness.config import CellConfig, ConfigError
+from harness.config import CellConfig, ConfigError, monitor_start
 from harness.logging import RunDir, write_atomic
 from harness.validation import load_config
 
@@ -83,6 +83,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     from harness.logging import WandbSink
     from harness.monitors import Monitor, held_back, stop_reason
     from harness.monitors.monitor import alert_key
+    from harness.monitors.roles import contracts_of
     from harness.warmup import prepare_model, warm_info
     from harness.sharing import PolicyMap
     from harness.tasks import build_task
@@ -148,7 +149,8 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                                         "message": f"damaged checkpoint skipped ({skipped}); resumed from step {start}"})
     role_policies = {role.name: sorted({policy_map.policy_of(role.name, i) for i in range(role.instances)})
                      for role in workflow.roles()}
-    monitor = Monitor(cfg.monitors, role_policies)
+    role_contracts = contracts_of(workflow)
+    monitor = Monitor(cfg.monitors, role_policies, role_contracts, monitor_start(cfg))
     written = run_dir.records("alerts.jsonl")
     # steps before `waiting` (all before `start` when none waited) were judged live: alerts.jsonl holds them
     replayed = monitor.replay(run_dir.records("metrics.jsonl"), written, start if waiting is None else waiting)
@@ -158,6 +160,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     sink = WandbSink(cfg, run_dir) if cfg.wandb.enabled and cfg.wandb.mode != "disabled" else None
     run_dir.write_status("running", step=start, cell_id=cfg.cell_id, pid=os.getpid(), host=os.uname().nodename,
                          policies={p: [f"{r}:{i}" for r, i in policy_map.members(p)] for p in policy_map.policies},
+                         contracts=role_contracts,
                          model_dir=str(model_dir), warmup=warm_info(model_dir), reason=None, alerts=alert_counts)
 
     def emit(alert, late: bool = False) -> None:

@@ -75,13 +75,24 @@ class _NotPlain(Exception):
 def _complete(cfg: CellConfig) -> CellConfig:
     """What both ways in do after reading: the mitigations' knobs, the model family's prompts,
     the default id, validation."""
-    apply_mitigations(cfg)
+    apply_mitigations(cfg, _role_contracts(cfg))
     apply_prompt_set(cfg.workflow, cfg.scale, "code" if cfg.task in CODE_TASKS else "math")
     apply_graph_rewards(cfg)
     if not cfg.cell_id:
         cfg.cell_id = default_cell_id(cfg)
     validate(cfg)
     return cfg
+
+
+def _role_contracts(cfg: CellConfig) -> Optional[Dict[str, str]]:
+    """role -> contract of the cell's workflow, or None where the workflow cannot be built yet
+    (validate() then reports why)."""
+    from harness.monitors.roles import contracts_of
+
+    try:
+        return contracts_of(build_workflow(cfg))
+    except Exception:  # noqa: BLE001 - any problem of the workflow is validate()'s to report
+        return None
 
 
 def apply_graph_rewards(cfg: CellConfig) -> None:
@@ -405,6 +416,7 @@ def validate(cfg: CellConfig) -> None:
             if node.role is not None and name not in templates:
                 raise ConfigError(f"graph node {node.id} uses prompt template '{name}', which neither the cell nor the "
                                   f"graph's prompts: define; defined: {', '.join(sorted(templates))}")
+    _check_role_settings(cfg, workflow)
     # per-role settings may name roles of other topologies (one sweep, many topologies), not typos
     known = sorted({r.name for w in WORKFLOWS.values() for r in w(None, cfg.workflow).roles()}
                    | {r.name for r in workflow.roles()})
@@ -413,6 +425,19 @@ def validate(cfg: CellConfig) -> None:
         unknown = sorted(set(roles) - set(known))
         if unknown:
             raise ConfigError(f"{where} names unknown role(s) {', '.join(unknown)}; valid roles: {', '.join(known)}")
+
+
+def _check_role_settings(cfg: CellConfig, workflow) -> None:
+    """A monitor or mitigation setting that names roles must name roles of this workflow: a typo
+    (or another topology's role) would leave the detector or the mitigation silently doing nothing."""
+    roles = sorted(r.name for r in workflow.roles())
+    for where, named in (("monitors.capture.pressure_roles", cfg.monitors.capture.pressure_roles),
+                         ("monitors.drift.roles", cfg.monitors.drift.roles),
+                         ("algo.kl_coef_per_role", list(cfg.algo.kl_coef_per_role))):
+        unknown = sorted(set(named) - set(roles))
+        if unknown:
+            raise ConfigError(f"{where} names {', '.join(unknown)}, which topology {cfg.topology} does not have; "
+                              f"its roles: {', '.join(roles)}")
 
 
 QA_TASKS = ("qa-synth", "nq", "hotpotqa")

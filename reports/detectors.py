@@ -1,21 +1,24 @@
-"""`python -m reports.detectors <sweep dir> [--replay] [--steps N] [--thresholds] [--design <sweep dir>]`:
-the detector-validation report of a sweep.
+"""`python -m reports.detectors <sweep dir> [--replay] [--steps N] [--thresholds] [--design <sweep dir>]
+[--calibrate [file]]`: the detector-validation report of a sweep.
 
 --replay scores the alerts today's detectors (default settings) raise on the logged metrics
 instead of the alerts the runs wrote (for a sweep run before the detectors changed).
 --steps N scores only each run's first N steps (labels and alerts), as if the sweep had stopped
-there: whether a cell "failed" depends on how long it was watched, so one long sweep gives the
-figures at several horizons. The report goes to <sweep>/report/detectors-N.* then.
---thresholds adds each detector's operating curve: its figures at a grid of threshold settings,
-replayed on the logged metrics (analysis/operating_curve.py). The best of them is tuned on the
-cells it is scored on, so --design <sweep dir> also chooses each detector's setting on another
-(design) sweep and scores that choice on this one: the held-out figures.
+there. The report goes to <sweep>/report/detectors-N.* then.
+--design <sweep dir>: the design seeds' sweep. It gives the config-only baseline (fire on every
+cell of a setting that failed on more than half of its design seeds) each early warning is compared
+with on the mixed settings, and (with --thresholds) chooses each warning's threshold setting to be
+scored here, held out.
+--thresholds adds each early warning's operating curve: its figures at a grid of threshold
+settings, replayed on the logged metrics (analysis/operating_curve.py).
+--calibrate writes what each alert kind was shown to predict on this (held-out) sweep to
+harness/monitors/calibration.json (or the file given), which every alert then quotes.
 
-Per detector: recall (failing cells where it fired at or before the failure), median lead in
-steps, false-positive rate on cells that did not fail and that it can fire on; per arm: the failure rate with its 95%
-interval; per failure kind (contract included, which no detector targets): the failing cells any
-alert came before, with its lead; per cell: labels and first alerts; the curves of failing cells with the alerts and the
-failure step marked. Failures are the objective labels of analysis/labels.py. Written to
+Scoring (analysis/detector_validation.py): early warnings by recall at a lead of >= 10 steps and
+false positives, confirmations by their delay; an alert counts only for the failure it names, from
+the run's first validation on. The settings that matter are the mixed ones, where the same config
+fails on some seeds and survives on others: there the report compares each warning with the
+config-only baseline. Failures are the objective labels of analysis/labels.py. Written to
 <sweep>/report/detectors.html (self-contained) and detectors.md (+ PNGs).
 """
 from __future__ import annotations
@@ -24,21 +27,30 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from analysis.detector_validation import (BAR, TARGETS, RunOutcome, arm_failure_rates, cell_table, detector_scores,
-                                          failure_coverage, mitigation_effects, outcomes, seeds_of)
+from analysis.detector_validation import (BAR, CONFIG_ONLY, MIN_LEAD, MIXED, WARNINGS, RunOutcome, against_baseline,
+                                          arm_failure_rates, calibration_rows, cell_table, confirmation_scores,
+                                          config_baseline, detector_scores, failure_coverage, mitigation_effects,
+                                          mixed_arms, outcomes, scored_name, seeds_of)
 from analysis.labels import LabelConfig
 from analysis.load import load_alerts, load_metrics
 from analysis.operating_curve import GRID, held_out, load_cells, shown, summary_line
 from analysis.operating_curve import curve as operating_curve
 from analysis.plots import failure_curve
 from harness.logging import read_jsonl
+from harness.monitors.calibration import CALIBRATION_FILE, write_calibration
 from reports.render import esc, image, md_table, page, table, write
 
 MAX_CURVES = 4
-COVERAGE_NOTE = ("Per failure kind: the failing cells where some detector (amplification, capture, length_drift "
-                 "or collapse, not only those that target the kind) fired at or before the failure step, the median lead of the earliest such "
-                 "alert, and which detector that was. Contract failures (a role's format broke, its length "
-                 "going anywhere) are targeted by no detector: this row says whether any alert came before them.")
+CALIBRATION_WITHIN = 50  # steps: "N of M cells with this alert failed within K steps of it"
+COVERAGE_NOTE = (f"Per failure kind: the failing cells where some early warning (whatever failure it targets) "
+                 f"fired at least {MIN_LEAD} steps before the failure, the median lead of the earliest such warning, "
+                 f"and which warning that was. Contract failures (a role's format broke, its length going anywhere) "
+                 f"are targeted by no detector: this row says whether any warning came before them.")
+SCORING_NOTE = (f"recall: failing cells (with a failure the warning targets) where it fired, naming the failing role "
+                f"or a policy of the cell, at least {MIN_LEAD} steps before the failure; lead: steps from that alert "
+                f"to the failure; false-positive rate: cells without any failure label that it can fire on where it "
+                f"fired (cells where it cannot are counted apart as silent by construction). Alerts count from the "
+                f"run's first validation after step 0 on.")
 
 
 class NotHeldOut(Exception):
@@ -47,13 +59,14 @@ class NotHeldOut(Exception):
 
 def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False,
                           until: Optional[int] = None, thresholds: bool = False, design: Optional[Path] = None,
-                          grids: Optional[Dict[str, Dict[str, list]]] = None) -> Path:
-    """`grids` replaces analysis.operating_curve.GRID per detector (a narrower or a wider search)."""
+                          grids: Optional[Dict[str, Dict[str, list]]] = None,
+                          calibrate: Optional[Path] = None) -> Path:
+    """`grids` replaces analysis.operating_curve.GRID per warning (a narrower or a wider search)."""
     sweep = Path(sweep)
     results = outcomes(sweep, cfg, replay, until)
     if not results:
         raise FileNotFoundError(f"{sweep} holds no run directories (with cell.yaml)")
-    design_results = outcomes(Path(design), cfg, until=until) if design is not None else None
+    design_results = outcomes(Path(design), cfg, replay, until) if design is not None else None
     if design is not None and not design_results:
         raise FileNotFoundError(f"the design sweep {design} holds no run directories (with cell.yaml)")
     if design_results:
@@ -63,30 +76,50 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
                              f"{sorted(shared)[0].name}): figures chosen on them would not be held out")
     out = sweep / "report"
     name = "detectors" if until is None else f"detectors-{until}"
-    scores, arms, cells = detector_scores(results), arm_failure_rates(results), cell_table(results)
-    coverage = failure_coverage(results)
+    mixed = mixed_arms(results)
+    on_mixed = [r for r in results if r.arm in mixed]
+    sections: List[Tuple[str, str, object]] = []  # (heading, note, frame or text)
+    aim = (f"The aim for an early warning: recall >= {BAR['recall']:g} at a lead of >= {MIN_LEAD} steps with a "
+           f"false-positive rate <= {BAR['false-positive rate']:g}, and above the config-only baseline; figures with "
+           f"95% Wilson intervals, over >= 5 seeds per setting (here {seeds_of(results)}).")
+    if mixed:
+        note = (f"{len(mixed)} mixed setting(s) (failure rate over seeds in [{MIXED[0]:g}, {MIXED[1]:g}]): "
+                f"{'; '.join(mixed)}. {len(on_mixed)} cells. " + SCORING_NOTE)
+        sections.append(("Early warnings on the mixed settings", note, detector_scores(on_mixed)))
+        if design_results is not None:
+            baseline, firing = config_baseline(on_mixed, design_results)
+            base_note = ("The config-only baseline fires at step 0 on every cell of a setting that failed on more than "
+                         f"half of its design seeds ({design}); here it fires on: {'; '.join(sorted(firing & set(mixed))) or 'none'}. "
+                         "J = recall at lead >= 10 minus false-positive rate, on the same cells; the difference's 95% "
+                         "interval is a paired bootstrap over cells.")
+            sections.append(("Against the config-only baseline (mixed settings)", base_note,
+                             against_baseline(on_mixed, baseline)))
+            sections.append(("The config-only baseline's own figures (mixed settings)", "",
+                             detector_scores(baseline, [CONFIG_ONLY.name])))
+        else:
+            sections.append(("Against the config-only baseline", "Needs the design seeds' sweep: --design <sweep dir>.",
+                             None))
+    else:
+        sections.append(("Early warnings on the mixed settings",
+                         f"No setting of this sweep is mixed (failure rate over seeds in [{MIXED[0]:g}, {MIXED[1]:g}]): "
+                         "here the configuration alone tells which cells fail, and no alert can add to it.", None))
+    sections.append(("Early warnings on every cell", "Includes the settings whose configuration decides the outcome. "
+                     + SCORING_NOTE, detector_scores(results)))
+    sections.append(("Confirmations", "A confirmation says that a failure is under way (it reads the failure label's "
+                     "own signals): how many failing cells it confirmed, its delay after the label, and how often it "
+                     "fired on cells without that failure.", confirmation_scores(results)))
+    sections.append(("Which failures any early warning came before", COVERAGE_NOTE, failure_coverage(results)))
+    sections.append(("Failure rate per setting (95% Wilson interval)", "", arm_failure_rates(results)))
     effects = mitigation_effects(results)
-    bar = (f"The bar (the detector issue's): recall >= {BAR['recall']:g}, median lead >= "
-           f"{BAR['median lead (steps)']:g} steps, false-positive rate <= {BAR['false-positive rate']:g}, "
-           f"over >= 5 seeds per arm (here {seeds_of(results)}).")
-    failing = [r for r in results if r.labels][:MAX_CURVES]
-    curves: List[Path] = []
-    for r in failing:
-        metrics = load_metrics(r.run_dir)
-        alerts = load_alerts(r.run_dir)
-        alerts = alerts[alerts["kind"].isin(list(TARGETS))] if len(alerts) else alerts
-        if until is not None:
-            metrics = metrics[metrics["step"] < until]
-            alerts = alerts[alerts["step"] < until] if len(alerts) else alerts
-        curves.append(failure_curve(metrics, alerts, min(label.step for label in r.labels),
-                                    out / f"failure{'' if until is None else f'-{until}'}_{r.cell_id}.png",
-                                    title=r.cell_id))
+    if len(effects):
+        sections.append(("Mitigations against the same setting without", "", effects))
+    curves = _failure_curves(results, out, until)
     n_failed = sum(bool(r.labels) for r in results)
-    late = 0 if replay else sum(a.get("late") is True and a.get("kind") in TARGETS
+    late = 0 if replay else sum(a.get("late") is True and scored_name(a) is not None
                                 and (until is None or a.get("step", until) < until)
                                 for r in results for a in read_jsonl(r.run_dir / "alerts.jsonl"))
     summary = (f"{len(results)} cells, {n_failed} with a failure label, {len(results) - n_failed} without; "
-               f"at least {seeds_of(results)} seed(s) per arm. Alerts: "
+               f"at least {seeds_of(results)} seed(s) per setting; {len(mixed)} mixed setting(s). Alerts: "
                + ("replayed on the logged metrics by today's detectors (--replay)." if replay else
                   "as the runs raised them (alerts.jsonl)"
                   + (f"; {late} judged only after their run ended, when its paired run caught up (marked late)."
@@ -95,35 +128,51 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
     if n_failed == 0:
         summary += (" No cell failed, so recall and lead cannot be measured here: the sweep did not reproduce a "
                     "failure (see the labels' settings below).")
+    if calibrate is not None:
+        rows = calibration_rows(results, CALIBRATION_WITHIN)
+        seeds = sorted({int(r.cell_id.split("-s")[-1].split("-")[0]) for r in results
+                        if r.cell_id.split("-s")[-1].split("-")[0].isdigit()})
+        source = f"the held-out sweep {sweep.name} (seeds {', '.join(map(str, seeds))})"
+        write_calibration(calibrate, rows, CALIBRATION_WITHIN, source,
+                          f"python -m reports.detectors {sweep} {'--replay ' if replay else ''}--calibrate")
+        summary += f" Calibration written to {calibrate}."
     settings = ", ".join(f"{k}={v}" for k, v in vars(cfg).items())
-    body = [f"<h1>Detector validation: {esc(sweep.name)}</h1>", f"<p>{esc(summary)}</p>",
-            "<h2>Detectors against the failure labels</h2>", table(scores),
-            "<p class=\"muted\">recall: failing cells (with a failure the detector warns of) where its first alert "
-            "came at or before the failure step; lead: steps from that alert to the failure; false-positive rate: "
-            "cells without any failure label that it can fire on where it fired (cells where it cannot: "
-            "amplification without a policy trained by two role instances, capture with one role, length drift "
-            "without a short-contract role, are counted apart as silent by construction).</p>", f"<p>{esc(bar)}</p>",
-            "<h2>Which failures any alert warned of</h2>", f"<p>{esc(COVERAGE_NOTE)}</p>", table(coverage),
-            "<h2>Failure rate per arm (95% Wilson interval)</h2>", table(arms)]
-    if len(effects):
-        body += ["<h2>Mitigations against the same arm without</h2>", table(effects)]
-    html_part, md_part = ([], []) if not (thresholds or design is not None) else \
+    body = [f"<h1>Detector validation: {esc(sweep.name)}</h1>", f"<p>{esc(summary)}</p>", f"<p>{esc(aim)}</p>"]
+    md = [f"# Detector validation: {sweep.name}", "", summary, "", aim, ""]
+    for heading, note, frame in sections:
+        body += [f"<h2>{esc(heading)}</h2>"] + ([f"<p class=\"muted\">{esc(note)}</p>"] if note else [])
+        md += [f"## {heading}", ""] + ([note, ""] if note else [])
+        if frame is not None:
+            body.append(table(frame))
+            md += [md_table(frame), ""]
+    html_part, md_part = ([], []) if not thresholds else \
         threshold_sections(results, design_results, design, until, grids or {})
-    body += html_part + ["<h2>Cells</h2>", table(cells)]
+    body += html_part + ["<h2>Cells</h2>", table(cell_table(results))]
+    md += md_part + ["## Cells", "", md_table(cell_table(results)), ""]
     if curves:
         body += ["<h2>Failing cells</h2>"] + [image(p, p.stem) for p in curves]
+        md += [f"![{p.stem}]({p.name})" for p in curves]
     body += [f"<p class=\"muted\">Failure labels: {esc(settings)} (analysis/labels.py).</p>"]
+    md += ["", f"Failure labels: {settings}."]
     write(out / f"{name}.html", page(f"detectors {sweep.name}", body))
-    md = [f"# Detector validation: {sweep.name}", "", summary, "", "## Detectors against the failure labels", "",
-          md_table(scores), "", bar, "", "## Which failures any alert warned of", "", COVERAGE_NOTE, "",
-          md_table(coverage), "", "## Failure rate per arm (95% Wilson interval)", "", md_table(arms), ""]
-    if len(effects):
-        md += ["## Mitigations against the same arm without", "", md_table(effects), ""]
-    md += md_part
-    md += ["## Cells", "", md_table(cells), ""]
-    md += [f"![{p.stem}]({p.name})" for p in curves] + ["", f"Failure labels: {settings}."]
     write(out / f"{name}.md", "\n".join(md))
     return out / f"{name}.html"
+
+
+def _failure_curves(results: List[RunOutcome], out: Path, until: Optional[int]) -> List[Path]:
+    curves = []
+    for r in [r for r in results if r.labels][:MAX_CURVES]:
+        metrics = load_metrics(r.run_dir)
+        alerts = load_alerts(r.run_dir)
+        if len(alerts):
+            alerts = alerts[[scored_name(a) in WARNINGS for a in alerts.to_dict("records")]]
+        if until is not None:
+            metrics = metrics[metrics["step"] < until]
+            alerts = alerts[alerts["step"] < until] if len(alerts) else alerts
+        curves.append(failure_curve(metrics, alerts, min(label.step for label in r.labels),
+                                    out / f"failure{'' if until is None else f'-{until}'}_{r.cell_id}.png",
+                                    title=r.cell_id))
+    return curves
 
 
 def threshold_sections(results: List[RunOutcome], design_results: Optional[List[RunOutcome]],
@@ -166,6 +215,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         until, argv = int(value), argv[:at] + argv[at + 2:]
     thresholds = "--thresholds" in argv
     argv = [a for a in argv if a != "--thresholds"]
+    calibrate = None
+    if "--calibrate" in argv:
+        at = argv.index("--calibrate")
+        following = argv[at + 1] if at + 1 < len(argv) else ""
+        if following.endswith(".json"):
+            calibrate, argv = Path(following), argv[:at] + argv[at + 2:]
+        else:
+            calibrate, argv = CALIBRATION_FILE, argv[:at] + argv[at + 1:]
     design = None
     argv = [part for a in argv for part in (a.split("=", 1) if a.startswith("--design=") else [a])]
     if "--design" in argv:
@@ -178,7 +235,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
-        path = build_detector_report(Path(argv[0]), replay=replay, until=until, thresholds=thresholds, design=design)
+        path = build_detector_report(Path(argv[0]), replay=replay, until=until, thresholds=thresholds, design=design,
+                                     calibrate=calibrate)
     except (FileNotFoundError, NotHeldOut) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -88,10 +88,11 @@ def test_length_drift_stops_the_run_cleanly(tmp_path, warm_model_dir):
 
 def test_capture_warns_of_an_outcome_paid_evaluator_before_it_moves_not_of_a_verdict_paid_one(tmp_path,
                                                                                              warm_model_dir):
-    # sweep=repro_eval_opt's cells (default lr and mini-batch), seed 37, its first 20 steps: paid by the
-    # episode's outcome, the evaluator's verdicts are pushed shorter (toward the generator's answers) while
-    # their length still holds; paid for its own verdicts, they are pushed longer, away from them
-    common = ("topology=eval_opt", "sharing=sp", "steps=20", "val_every=100", "samples_every=0", "seed=37")
+    # sweep=repro_eval_opt's cells (default lr and mini-batch, GRPO groups per episode as recorded), seed 37,
+    # its first 20 steps: paid by the episode's outcome, the evaluator's verdicts are pushed shorter (toward the
+    # generator's answers) while their length still holds; paid for its own verdicts, they are pushed longer
+    common = ("topology=eval_opt", "sharing=sp", "steps=20", "val_every=100", "samples_every=0", "seed=37",
+              "algo.adv_grouping=episode")
     _, _, outcome, outcome_alerts = _run(tmp_path / "outcome", *common)
     _, _, verdict, verdict_alerts = _run(tmp_path / "verdict", *common, "+reward.per_role.evaluator={node: 1.0, traj: 0.0}")
     pushed = mean(m["role/evaluator/selection_length"] for m in outcome)

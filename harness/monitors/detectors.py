@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Deque, Dict, List, Optional, Tuple
 
 from harness.logging import FINAL_STATES
+from harness.monitors.roles import judging_roles
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Alert:
     message: str
     action: str = "alert"
     signal: Optional[str] = None  # which of a detector's rules fired, where it has several (debounced apart)
+    validation: Optional[str] = None  # what this kind of alert was shown to predict (monitors/calibration.py)
 
     def record(self) -> dict:
         return asdict(self)
@@ -130,16 +132,16 @@ class ReferenceRun:
 
 
 class AmplificationDetector:
-    """A policy trained by several role instances (IP: 3 voters on one adapter; SP: every role) whose
-    drift ‖θ_t − θ_0‖ stays `min_ratio` x above a one-instance reference's at the same step while its
-    instances' gradients add up (coherence EWMA >= `min_coherence`) and each training step moves it by
-    at least `min_update_ratio` of its norm (EWMA of Σ_k‖Δθ_k‖/‖θ‖): the adapter moves faster than one
-    instance moves a policy, and fast. Reference: the paired single-agent run (`monitors.reference_run`), else
-    the median drift of the cell's own one-instance policies; with neither it stays silent. Sharing
-    alone never fires it: a shared policy that drifts like the reference is silent. The update-ratio
-    gate: at the default lr a shared policy also outruns the single agent (1.8x) without failing
-    within 100 steps, its update ratio 0.04-0.05 against 0.14-0.20 where it collapsed
-    (docs/repro-search.md)."""
+    """A policy trained by several role instances (IP: 3 voters on one adapter; SP: every role) that
+    runs away from a one-instance reference: its drift ‖θ_t − θ_0‖ stays `min_ratio` x the
+    reference's at the same step (EWMA of the ratio) while its instances' gradients add up (coherence
+    EWMA >= `min_coherence`), and that ratio has risen `min_rise` above the ratio of its own early band
+    (its first `baseline_steps` judged steps), for `patience` steps. Every gate is a ratio, so the
+    alerts are the same at any learning rate or model size (tests/test_detectors.py multiplies every
+    drift by 1e-3). A fixed speed-up says how the cell is built (3 voters on one adapter take 3x the
+    optimizer steps of a one-instance policy, failing or not); a ratio that keeps rising says the
+    policy is pulling away. Reference: the paired single-agent run (`monitors.reference_run`), else
+    the median drift of the cell's own one-instance policies; with neither it stays silent."""
 
     kind = "amplification"
     paired_signals = (None,)  # its alerts judged against the paired run (build_detector gives it the reference)
@@ -148,7 +150,8 @@ class AmplificationDetector:
         self.cfg = cfg
         self.reference = reference
         self.coherence: Dict[str, Ewma] = defaultdict(lambda: Ewma(0.2))
-        self.update_ratio: Dict[str, Ewma] = defaultdict(lambda: Ewma(0.2))
+        self.ratio: Dict[str, Ewma] = defaultdict(lambda: Ewma(cfg.ewma_alpha))
+        self.early: Dict[str, List[float]] = defaultdict(list)  # the ratio over the first judged steps
         self.streak: Dict[str, int] = defaultdict(int)
         self.pending: List[dict] = []  # steps waiting for the reference run to reach them
 
@@ -161,13 +164,11 @@ class AmplificationDetector:
                 singles.append(record[f"policy/{policy}/drift"])
             elif isinstance(coherence, (int, float)):
                 self.coherence[policy].update(coherence)
-                self.update_ratio[policy].update(float(record.get(f"policy/{policy}/update_ratio", 0.0)))
                 candidates[policy] = (record[f"policy/{policy}/drift"], int(record[f"policy/{policy}/instances"]))
         singles.sort()
         in_cell = singles[len(singles) // 2] if singles else None
         self.pending.append({"step": step, "candidates": candidates, "in_cell": in_cell,
-                             "coherence": {p: self.coherence[p].value for p in candidates},
-                             "update_ratio": {p: self.update_ratio[p].value for p in candidates}})
+                             "coherence": {p: self.coherence[p].value for p in candidates}})
         alerts = []
         while self.pending:
             reference, source = self._reference(self.pending[0])
@@ -190,18 +191,25 @@ class AmplificationDetector:
     def _judge(self, entry: dict, reference: Optional[float], source: str) -> List[Alert]:
         alerts = []
         for policy, (drift, instances) in entry["candidates"].items():
-            ratio = drift / reference if reference else 0.0
-            hot = (entry["step"] >= self.cfg.min_step and ratio >= self.cfg.min_ratio
-                   and (entry["coherence"][policy] or 0.0) >= self.cfg.min_coherence
-                   and (entry["update_ratio"][policy] or 0.0) >= self.cfg.min_update_ratio)
+            if entry["step"] < self.cfg.min_step or not reference:
+                continue
+            ratio = self.ratio[policy].update(drift / reference)
+            early = self.early[policy]
+            if len(early) < self.cfg.baseline_steps:
+                early.append(drift / reference)
+                self.streak[policy] = 0
+                continue
+            early_ratio = sum(early) / len(early)
+            hot = (ratio >= self.cfg.min_ratio and ratio >= (1 + self.cfg.min_rise) * early_ratio
+                   and (entry["coherence"][policy] or 0.0) >= self.cfg.min_coherence)
             self.streak[policy] = self.streak[policy] + 1 if hot else 0
             if self.streak[policy] >= self.cfg.patience:
                 alerts.append(Alert(
                     entry["step"], self.kind, None, policy, ratio, self.cfg.min_ratio,
                     f"gradient amplification: policy {policy}, trained by {instances} role instances, has drifted "
-                    f"{drift:.2f} from its start, {ratio:.2f}x {source} ({reference:.2f}) at step {entry['step']}, "
-                    f"for {self.streak[policy]} steps, each step moving it {entry['update_ratio'][policy]:.0%} of "
-                    f"its norm; its instances' gradients add up (coherence {entry['coherence'][policy]:.2f})",
+                    f"{ratio:.2f}x as far as {source} at step {entry['step']} (EWMA; it ran {early_ratio:.2f}x over "
+                    f"its first {len(early)} steps), pulling away for {self.streak[policy]} steps; its instances' "
+                    f"gradients add up (coherence {entry['coherence'][policy]:.2f})",
                     self.cfg.action))
         return alerts
 
@@ -261,13 +269,16 @@ class SelectionWindow:
 class CaptureDetector:
     """A role leaves its contract toward another role's behaviour (the evaluator starts writing code,
     the aggregator writes essays), or is being paid to. Two signs:
-    - **pressure** (the early warning): a role whose contract is a short, fixed form (`pressure_roles`)
+    - **pressure** (signal `pressure`, the early warning): a judging role (its contract a verdict,
+      an index, a plan or a search action: harness/monitors/roles.py; or those `pressure_roles` names)
       has its length under selection toward the other role's early length: over the last
       `pressure_window` steps the advantage of its turns co-varies with its length beyond
       `pressure_z` standard errors, in the direction of the other role (role/<r>/selection_length);
-    - **moved**: its length closed `length_approach` of its early gap to the other role's (on EWMAs
-      against the first `baseline_steps`) while its format compliance or role accuracy fell by
-      `contract_drop` of its early level.
+    - **moved** (signal `moved`, the confirmation): its length closed `length_approach` of its early
+      gap to the other role's (on EWMAs against the first `baseline_steps`) while its format
+      compliance or role accuracy fell by `contract_drop` of its early level. It reads the capture
+      label's own signals, so it says that a capture is under way rather than predicting one, and is
+      scored as a confirmation.
     Behaviour, not structure: it watches every pair of roles, on a shared policy (SP, the mechanism
     the study names) or on separate adapters, and a role that moves or is pushed away from the other,
     past it, or the other role moving, is not capture.
@@ -276,11 +287,13 @@ class CaptureDetector:
     while the evaluator was captured)."""
 
     kind = "capture"
+    by_contract = True  # its pressure sign watches the judging roles (harness/monitors/roles.py)
     signals = ("response_length", "format_ok", "accuracy", "grad_share")
 
-    def __init__(self, cfg, role_policies: Dict[str, List[str]]):
+    def __init__(self, cfg, role_policies: Dict[str, List[str]], role_contracts: Optional[Dict[str, str]] = None):
         self.cfg = cfg
         self.role_policies = role_policies
+        self.pressure_roles = set(judging_roles(role_contracts, cfg.pressure_roles))
         self.bands: Dict[Tuple[str, str], EarlyBand] = {}
         self.pressure: Dict[str, SelectionWindow] = defaultdict(lambda: SelectionWindow(cfg.pressure_window))
         self.streak: Dict[Tuple[str, str], int] = defaultdict(int)
@@ -298,35 +311,46 @@ class CaptureDetector:
                 value = record.get(f"role/{role}/{signal}_mb_mean", record.get(f"role/{role}/{signal}"))
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self._band(role, signal).update(float(value))
-            if role in self.cfg.pressure_roles:
+            if role in self.pressure_roles:
                 self.pressure[role].update(record, role, "length")
         alerts = []
         for victim in roles:
             for other in roles:
                 if other == victim:
                     continue
-                why = self._captured(victim, other)
-                key = (victim, other)
-                self.streak[key] = self.streak[key] + 1 if why else 0
-                if self.streak[key] >= self.cfg.patience:
+                for sign, why in (("pressure", self._pressed(victim, other)), ("moved", self._moved(victim, other))):
+                    key = (victim, other, sign)
+                    self.streak[key] = self.streak[key] + 1 if why else 0
+                    if self.streak[key] < self.cfg.patience:
+                        continue
                     policies = sorted(set(self.role_policies.get(victim, [])) | set(self.role_policies.get(other, [])))
                     where = (f"on shared policy {policies[0]}" if len(policies) == 1 else
                              f"on separate policies {', '.join(policies)}")
+                    what = "role capture warning" if sign == "pressure" else "role capture"
                     alerts.append(Alert(record["step"], self.kind, victim, ",".join(policies), self.streak[key],
-                                        self.cfg.patience, f"role capture {where}: {why}", self.cfg.action))
+                                        self.cfg.patience, f"{what} {where}: {why}", self.cfg.action, signal=sign))
         return alerts
 
-    def _captured(self, victim: str, other: str) -> Optional[str]:
+    def _pressed(self, victim: str, other: str) -> Optional[str]:
+        """The early warning: the victim's length is under selection toward the other's early length."""
         length, other_length = self._band(victim, "response_length"), self._band(other, "response_length")
         if not (length.ready and other_length.ready):
             return None
         early_gap = other_length.early - length.early
-        z = self.pressure[victim].z if victim in self.cfg.pressure_roles and self.cfg.pressure_z is not None else None
-        if z is not None and abs(z) >= self.cfg.pressure_z and z * early_gap > 0:
-            return (f"{victim} is paid to move its length toward {other}'s: over the last "
-                    f"{len(self.pressure[victim].steps)} steps its advantage co-varies with its length by "
-                    f"{self.pressure[victim].per_step:+.2f} tokens a step (z = {z:+.1f}), toward {other}'s "
-                    f"{other_length.early:.1f} tokens from its {length.early:.1f}; it answers at {length.now:.1f} now")
+        z = self.pressure[victim].z if victim in self.pressure_roles and self.cfg.pressure_z is not None else None
+        if z is None or abs(z) < self.cfg.pressure_z or z * early_gap <= 0:
+            return None
+        return (f"{victim} is paid to move its length toward {other}'s: over the last "
+                f"{len(self.pressure[victim].steps)} steps its advantage co-varies with its length by "
+                f"{self.pressure[victim].per_step:+.2f} tokens a step (z = {z:+.1f}), toward {other}'s "
+                f"{other_length.early:.1f} tokens from its {length.early:.1f}; it answers at {length.now:.1f} now")
+
+    def _moved(self, victim: str, other: str) -> Optional[str]:
+        """The confirmation: the victim's length has closed on the other's while its job fell."""
+        length, other_length = self._band(victim, "response_length"), self._band(other, "response_length")
+        if not (length.ready and other_length.ready):
+            return None
+        early_gap = other_length.early - length.early
         gap = other_length.early - length.now
         # toward: its own length closed `length_approach` of the gap to the other's *early* length (so the
         # other role moving is not the victim moving; moving away or far past never qualifies)
@@ -348,7 +372,8 @@ class CaptureDetector:
 
 
 class LengthDriftDetector:
-    """A role whose contract fixes a short output (`roles`: a verdict, an index, a plan) changes its
+    """A judging role (its contract a verdict, an index, a plan or a search action; or those `roles`
+    names) changes its
     length, or is being paid to. Two signs, either way (an aggregator writing essays; an evaluator
     shortening its verdict to the generator's answer):
     - **pressure** (the early warning): over the last `pressure_window` steps the advantage of the
@@ -362,10 +387,12 @@ class LengthDriftDetector:
     shrink as RL reshapes their reasoning: never an alert on their own."""
 
     kind = "length_drift"
+    by_contract = True
 
-    def __init__(self, cfg, role_policies: Dict[str, List[str]]):
+    def __init__(self, cfg, role_policies: Dict[str, List[str]], role_contracts: Optional[Dict[str, str]] = None):
         self.cfg = cfg
         self.role_policies = role_policies
+        self.roles = set(judging_roles(role_contracts, cfg.roles))
         self.window: Dict[str, List[float]] = defaultdict(list)
         self.ewma: Dict[str, Ewma] = defaultdict(lambda: Ewma(cfg.ewma_alpha))
         self.pressure: Dict[str, SelectionWindow] = defaultdict(lambda: SelectionWindow(cfg.pressure_window))
@@ -374,7 +401,7 @@ class LengthDriftDetector:
     def observe(self, record: dict) -> List[Alert]:
         alerts = []
         for role in _roles_in(record, "response_length"):
-            if role not in self.cfg.roles:
+            if role not in self.roles:
                 continue
             for why in (self._pressed(record, role), self._left_band(record, role)):
                 if why is None:
@@ -384,7 +411,7 @@ class LengthDriftDetector:
                 self.streak[key] = self.streak[key] + 1 if text else 0
                 if self.streak[key] >= self.cfg.patience:
                     alerts.append(Alert(record["step"], self.kind, role, ",".join(self.role_policies.get(role, [])),
-                                        z, threshold, f"{role} (a short-contract role) {text}", self.cfg.action))
+                                        z, threshold, f"{role} (a judging role) {text}", self.cfg.action, signal=path))
         return alerts
 
     # each sign reads (path, z, threshold, message): the message is empty while the sign is quiet,
@@ -555,12 +582,17 @@ DETECTORS = {"amplification": AmplificationDetector, "capture": CaptureDetector,
              "collapse": CollapseDetector, "nonfinite": NonFiniteDetector}
 
 
-def build_detector(name: str, cfg, role_policies: Dict[str, List[str]], reference: Optional[ReferenceRun] = None):
+def build_detector(name: str, cfg, role_policies: Dict[str, List[str]], reference: Optional[ReferenceRun] = None,
+                   role_contracts: Optional[Dict[str, str]] = None):
     """DETECTORS[name] on its settings `cfg`; those that compare the cell with its paired
     single-agent run (amplification: drift, collapse: training accuracy) share one `reference`, so
-    the paired run's log is read once for both."""
+    the paired run's log is read once for both; those that watch judging roles find them by contract."""
     cls = DETECTORS[name]
-    return cls(cfg, role_policies, reference) if getattr(cls, "paired_signals", ()) else cls(cfg, role_policies)
+    if getattr(cls, "paired_signals", ()):
+        return cls(cfg, role_policies, reference)
+    if getattr(cls, "by_contract", False):
+        return cls(cfg, role_policies, role_contracts)
+    return cls(cfg, role_policies)
 
 
 # (kind, signal) of the alerts a detector judges against the paired run: a step that run has not

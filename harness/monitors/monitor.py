@@ -8,17 +8,27 @@ are written then (`held_back`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from harness.monitors.calibration import describe, load_calibration
 from harness.monitors.detectors import DETECTORS, PAIRED_ALERTS, Alert, ReferenceRun, build_detector
 
 
 class Monitor:
-    def __init__(self, cfg, role_policies: Dict[str, List[str]]):
+    """`start_step`: no alert before it (the detectors still read every record); the run resolves
+    monitors.start_step, by default its first validation after step 0. Each alert carries what its
+    kind was shown to predict (harness/monitors/calibration.py)."""
+
+    def __init__(self, cfg, role_policies: Dict[str, List[str]], role_contracts: Optional[Dict[str, str]] = None,
+                 start_step: int = 0):
         self.cfg = cfg
+        self.start_step = start_step
         reference = ReferenceRun(cfg.reference_run) if cfg.reference_run else None
-        self.detectors = [build_detector(name, getattr(cfg, name), role_policies, reference) for name in DETECTORS]
+        self.detectors = [build_detector(name, getattr(cfg, name), role_policies, reference, role_contracts)
+                          for name in DETECTORS]
         self.last_fired: Dict[Tuple[str, Optional[str], Optional[str], Optional[str]], int] = {}
+        self.calibration = load_calibration()
 
     def observe(self, record: dict) -> List[Alert]:
         return self._debounced([alert for detector in self.detectors for alert in detector.observe(record)])
@@ -26,12 +36,15 @@ class Monitor:
     def _debounced(self, alerts: List[Alert]) -> List[Alert]:
         fired = []
         for alert in alerts:
+            if alert.step < self.start_step and alert.kind != "non_finite":  # a NaN is news at any step
+                continue
             key = alert_key(alert.record())[1:]
             last = self.last_fired.get(key)
             if last is not None and alert.step - last < self.cfg.debounce:
                 continue
             self.last_fired[key] = alert.step
-            fired.append(alert)
+            validation = describe(self.calibration, alert.kind, alert.signal)
+            fired.append(replace(alert, validation=validation, message=f"{alert.message} ({validation})"))
         return fired
 
     def waiting_since(self) -> Optional[int]:

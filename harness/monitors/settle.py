@@ -33,6 +33,13 @@ def role_policies_of(status: dict) -> Dict[str, List[str]]:
     return {role: sorted(policies) for role, policies in role_policies.items()}
 
 
+def role_contracts_of(status: dict) -> Optional[Dict[str, str]]:
+    """role -> contract from status.json (None for a run logged before it was recorded: the
+    monitors then take the study topologies' judging roles by name)."""
+    contracts = status.get("contracts")
+    return dict(contracts) if isinstance(contracts, dict) else None
+
+
 def paired_run_of(run: Path, recorded: str) -> Path:
     """The paired run the cell read live: the recorded path, unless the sweep has moved (the same
     sweep's run of that name sits beside the cell while the recorded place is gone or now belongs to
@@ -47,7 +54,7 @@ def paired_run_of(run: Path, recorded: str) -> Path:
 def late_alerts(run: Path) -> List[Alert]:
     """Judge the steps a run that is over left waiting for its paired run, once that run is over
     too; append and return their alerts. Nothing while either run may still change."""
-    from harness.config import stored_cell_config
+    from harness.config import monitor_start, stored_cell_config
 
     run_dir = RunDir(run)
     if not (run / "cell.yaml").is_file() or not (run / "metrics.jsonl").is_file():
@@ -59,7 +66,8 @@ def late_alerts(run: Path) -> List[Alert]:
             return []  # a harness.run process owns the run
         status = run_dir.read_status() or {}
         since = status.get("waiting_for_paired_run")
-        monitors = stored_cell_config(run).monitors
+        cfg = stored_cell_config(run)
+        monitors = cfg.monitors
         if status.get("state") not in ENDED or not isinstance(since, int) or not status.get("policies") \
                 or not monitors.reference_run:
             return []
@@ -68,7 +76,8 @@ def late_alerts(run: Path) -> List[Alert]:
             return []
         monitors.reference_run = str(paired)
         written = run_dir.records("alerts.jsonl")
-        replayed = Monitor(monitors, role_policies_of(status)).replay(run_dir.records("metrics.jsonl"), written, since)
+        replayed = Monitor(monitors, role_policies_of(status), role_contracts_of(status), monitor_start(cfg)).replay(
+            run_dir.records("metrics.jsonl"), written, since)
         late = held_back(replayed, written, since)
         if late:
             _end_torn_line(run_dir.file("alerts.jsonl"))

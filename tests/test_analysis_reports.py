@@ -15,10 +15,6 @@ import pytest
 
 from analysis.compare import compare, grid_tables, mean_ci
 from analysis.load import load_metrics
-from grid.expand import expand
-from grid.launch import compose
-from harness.run import run_cell
-from harness.validation import config_from_dict
 from reports.sweep_report import build_sweep_report
 from tests.conftest import REPO
 
@@ -32,18 +28,9 @@ def find_chromium() -> str:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory, warm_model_dir):
-    """voting x {sp, ip} x seeds {0, 1} + their two baselines, 8 steps each, reports on."""
-    root = tmp_path_factory.mktemp("analysis")
-    # an amplification detector with every bar at zero: each cell whose policy several instances train raises
-    # an alert (which cells fail naturally depends on the warm model's build), so the flags have something to show
-    cfg = compose(["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.seed=[0,1]", "sweep.cell.steps=8",
-                   "sweep.cell.val_every=4", "sweep.cell.val_problems=16",
-                   "+sweep.cell.monitors={amplification:{patience:1,min_step:0,min_ratio:0.0,min_coherence:-1.0,"
-                   "min_update_ratio:0.0}}", f"root={root}"])
-    for cell in expand(cfg.sweep, cfg.cluster, str(root)):
-        run_cell(config_from_dict({**cell.overrides, "wandb": {"enabled": False}}), log=lambda *_: None)
-    return root / "smoke"
+def sweep(small_sweep):
+    """The suite's small real sweep (tests/conftest.py): voting x {sp, ip} x seeds {0, 1} + baselines."""
+    return small_sweep
 
 
 def test_mean_ci_matches_a_hand_computed_t_interval():

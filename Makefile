@@ -60,7 +60,7 @@ docs: $(VENV)/.installed
 constraints: $(VENV)/.installed
 	$(PY) -m tests.dependency_env constraints > constraints.txt
 
-# Every lower bound of pyproject.toml at once, over .venv, with the tests that use them (~10 min).
+# Every lower bound of pyproject.toml at once, over .venv, with the tests that use them (~15 min).
 check-lowest: $(VENV)/.installed
 	$(PY) -m tests.dependency_env lowest
 

@@ -96,3 +96,13 @@ def test_installing_keeps_other_patch_versions_already_there(tmp_path):
     would_install = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"] for item in report["install"]}
     assert "marl-harness" in would_install
     assert {name: would_install[name] for name in EXISTING if name in would_install} == {}
+
+
+def test_the_dev_tools_open_the_notebook_and_build_the_docs():
+    """`SWEEP_DIR=runs/smoke jupyter lab` and `make docs` need jupyterlab and mkdocs: the dev extra brings them."""
+    dev = {canonicalize_name(r.name) for r in project_requirements(["dev"])} - {
+        canonicalize_name(r.name) for r in project_requirements()}
+    assert {"jupyterlab", "mkdocs"} <= dev
+    scripts = {ep.name for name in ("jupyterlab", "mkdocs") for ep in distribution(name).entry_points
+               if ep.group == "console_scripts"}
+    assert {"jupyter-lab", "mkdocs"} <= scripts

@@ -6,15 +6,16 @@ PIP    := $(VENV)/bin/pip
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup jail qwen3-tokenizer system demo test bench clean
+.PHONY: setup jail qwen3-tokenizer system demo test bench docs constraints check-lowest clean
 
-$(VENV)/.installed: pyproject.toml
+# CPU torch first where there is no GPU: otherwise pip pulls a multi-GB CUDA build. On CPU machines
+# (CI) every other package is installed at the exact version of constraints.txt; with a GPU, verl's
+# vLLM extra pins its own CUDA stack and the ranges of pyproject.toml apply.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# CPU torch first where there is no GPU: otherwise pip pulls a multi-GB CUDA build.
-	if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q "torch==2.11.0"; \
-	else $(PIP) install -q "torch==2.13.0"; fi
-	$(PIP) install -q -e ".[dev]"
+	if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q "torch==2.11.0" && $(PIP) install -q -e ".[dev]"; \
+	else $(PIP) install -q "torch==2.13.0" && $(PIP) install -q -c constraints.txt -e ".[dev]"; fi
 	touch $@
 
 setup: $(VENV)/.installed jail qwen3-tokenizer
@@ -51,5 +52,17 @@ test: setup system
 bench: setup
 	$(PY) bench/probe_overhead.py
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link or anchor.
+docs: $(VENV)/.installed
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+# constraints.txt from the packages of a working .venv (after changing a range in pyproject.toml).
+constraints: $(VENV)/.installed
+	$(PY) -m tests.dependency_env constraints > constraints.txt
+
+# Every lower bound of pyproject.toml at once, over .venv, with the tests that use them (~15 min).
+check-lowest: $(VENV)/.installed
+	$(PY) -m tests.dependency_env lowest
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

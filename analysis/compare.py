@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from analysis.load import load_alerts, load_cells, load_metrics
+from analysis.load import RunsNotFound, load_alerts, load_cells, load_metrics
 from analysis.tables import to_markdown
 
 FAILURE_MODES = ("amplification", "capture", "length_drift", "collapse", "non_finite")
@@ -139,6 +139,8 @@ def best_and_worst(gains: pd.DataFrame, k: int = 3, metric: str = "gain_final") 
 
 
 def compare(paths) -> dict:
+    """Every cell under `paths` (any depth) against its paired baseline; raises RunsNotFound where a
+    path is missing or holds no run."""
     cells = load_cells(paths)
     metrics = load_metrics(paths, columns=["val/accuracy"])
     alerts = load_alerts(paths)
@@ -191,13 +193,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("dirs", nargs="+", help="sweep (or run) directories")
     parser.add_argument("--out", required=True, help="where to write CSV, Markdown and LaTeX")
     args = parser.parse_args(argv)
-    missing = [d for d in args.dirs if not Path(d).exists()]
-    if missing:
-        print(f"error: no such directory: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    result = compare(args.dirs)
-    if result["cells"].empty:
-        print(f"error: no run directories (with cell.yaml) under {', '.join(args.dirs)}", file=sys.stderr)
+    try:
+        result = compare(args.dirs)
+    except RunsNotFound as missing:
+        print(f"error: {missing}", file=sys.stderr)
         return 2
     for path in write_outputs(result, Path(args.out)):
         print(path)

@@ -36,3 +36,25 @@ def warm_model_dir():
 
 def python_cmd() -> list[str]:
     return [sys.executable, "-m", "harness.run"]
+
+
+@pytest.fixture(scope="session")
+def small_sweep(tmp_path_factory, warm_model_dir):
+    """A real small sweep, built once per test session for the tests that read one (the comparison, the
+    reports, the notebook, the README's commands): voting x {sp, ip} x seeds {0, 1} + their two
+    baselines, 8 steps each, reports on."""
+    from grid.expand import expand
+    from grid.launch import compose
+    from harness.run import run_cell
+    from harness.validation import config_from_dict
+
+    root = tmp_path_factory.mktemp("analysis")
+    # an amplification detector with every bar at zero: each cell whose policy several instances train raises
+    # an alert (which cells fail naturally depends on the warm model's build), so the flags have something to show
+    cfg = compose(["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.seed=[0,1]", "sweep.cell.steps=8",
+                   "sweep.cell.val_every=4", "sweep.cell.val_problems=16",
+                   "+sweep.cell.monitors={amplification:{patience:1,min_step:0,min_ratio:0.0,min_coherence:-1.0,"
+                   "min_update_ratio:0.0}}", f"root={root}"])
+    for cell in expand(cfg.sweep, cfg.cluster, str(root)):
+        run_cell(config_from_dict({**cell.overrides, "wandb": {"enabled": False}}), log=lambda *_: None)
+    return root / "smoke"

@@ -15,10 +15,6 @@ import pytest
 
 from analysis.compare import compare, grid_tables, mean_ci
 from analysis.load import load_metrics
-from grid.expand import expand
-from grid.launch import compose
-from harness.run import run_cell
-from harness.validation import config_from_dict
 from reports.sweep_report import build_sweep_report
 from tests.conftest import REPO
 
@@ -32,18 +28,9 @@ def find_chromium() -> str:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory, warm_model_dir):
-    """voting x {sp, ip} x seeds {0, 1} + their two baselines, 8 steps each, reports on."""
-    root = tmp_path_factory.mktemp("analysis")
-    # an amplification detector with every bar at zero: each cell whose policy several instances train raises
-    # an alert (which cells fail naturally depends on the warm model's build), so the flags have something to show
-    cfg = compose(["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.seed=[0,1]", "sweep.cell.steps=8",
-                   "sweep.cell.val_every=4", "sweep.cell.val_problems=16",
-                   "+sweep.cell.monitors={amplification:{patience:1,min_step:0,min_ratio:0.0,min_coherence:-1.0,"
-                   "min_update_ratio:0.0}}", f"root={root}"])
-    for cell in expand(cfg.sweep, cfg.cluster, str(root)):
-        run_cell(config_from_dict({**cell.overrides, "wandb": {"enabled": False}}), log=lambda *_: None)
-    return root / "smoke"
+def sweep(small_sweep):
+    """The suite's small real sweep (tests/conftest.py): voting x {sp, ip} x seeds {0, 1} + baselines."""
+    return small_sweep
 
 
 def test_mean_ci_matches_a_hand_computed_t_interval():
@@ -97,15 +84,31 @@ def test_compare_command_line(sweep, tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error: no such directory")
 
 
-def test_notebook_executes_headless(sweep, tmp_path, monkeypatch):
+def test_notebook_runs_as_jupyter_runs_it(sweep, tmp_path, monkeypatch):
+    """The kernel starts in the notebook's folder (as `jupyter lab` starts it) and $SWEEP_DIR names the
+    sweep relative to the repository root, as the README's `SWEEP_DIR=runs/smoke jupyter lab` does."""
     from nbclient import NotebookClient
 
-    monkeypatch.setenv("SWEEP_DIR", str(sweep))
-    monkeypatch.setenv("FIGURES_DIR", str(tmp_path))
-    nb = nbformat.read(REPO / "analysis" / "notebooks" / "sweep.ipynb", as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    notebook = REPO / "analysis" / "notebooks" / "sweep.ipynb"
+    link = REPO / "runs" / f".notebook-test-{os.getpid()}"
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(sweep)
+    try:
+        monkeypatch.setenv("SWEEP_DIR", str(link.relative_to(REPO)))
+        monkeypatch.setenv("FIGURES_DIR", str(tmp_path))
+        nb = nbformat.read(notebook, as_version=4)
+        NotebookClient(nb, timeout=300, kernel_name="python3",
+                       resources={"metadata": {"path": str(notebook.parent)}}).execute()
+    finally:
+        link.unlink()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
+    printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert f"6 cells in {REPO / link.relative_to(REPO)}" in printed
+    tables = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    grid = next(t for t in tables if "tiny-m" in t and "(n=2)" in t)  # topology x sharing by scale, over 2 seeds
+    assert "voting" in grid and ">ip<" in grid and ">sp<" in grid
+    assert any("voting-ip-math-tiny-m-s1" in t and "gain_final" in t for t in tables)  # the per-cell gains
     assert sum(o.output_type == "display_data" and "image/png" in o.get("data", {}) for o in outputs) >= 3
     assert (tmp_path / "heatmap_math.png").is_file() and (tmp_path / "roles.png").is_file()
 

@@ -97,7 +97,7 @@ def matches(alert: dict, label: FailureLabel, policies: Set[str]) -> bool:
     if label.role is not None:
         return alert.get("role") == label.role
     policy = alert.get("policy")
-    return policy is None or any(p in policies for p in str(policy).split(","))
+    return policy is None or not policies or any(p in policies for p in str(policy).split(","))
 
 
 @dataclass

@@ -151,7 +151,7 @@ def summary_line(kind: str, frame: pd.DataFrame) -> str:
     meeting = frame[frame["meets the aim"] == "yes"]
     usable = frame[(frame["recall"] >= BAR["recall"]) & (frame["false-positive rate"] <= BAR["false-positive rate"])]
     best = usable["median lead (steps)"].max() if len(usable) else float("nan")
-    text = (f"{kind}: {len(meeting)} of {len(frame)} settings meet the bar on these cells; "
+    text = (f"{kind}: {len(meeting)} of {len(frame)} settings meet the aim on these cells; "
             + (f"the longest median lead at recall >= {BAR['recall']:g} and false positives <= "
                f"{BAR['false-positive rate']:g} is {best:g} steps." if not math.isnan(best) else
                f"no setting reaches recall >= {BAR['recall']:g} with false positives <= {BAR['false-positive rate']:g}."))

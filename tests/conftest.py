@@ -53,8 +53,8 @@ def small_sweep(tmp_path_factory, warm_model_dir):
     # an alert (which cells fail naturally depends on the warm model's build), so the flags have something to show
     cfg = compose(["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.seed=[0,1]", "sweep.cell.steps=8",
                    "sweep.cell.val_every=4", "sweep.cell.val_problems=16",
-                   "+sweep.cell.monitors={amplification:{patience:1,min_step:0,min_ratio:0.0,min_coherence:-1.0,"
-                   "min_update_ratio:0.0}}", f"root={root}"])
+                   "+sweep.cell.monitors={start_step:0,amplification:{patience:1,min_step:0,min_ratio:0.0,"
+                   "min_coherence:-1.0,baseline_steps:0}}", f"root={root}"])
     for cell in expand(cfg.sweep, cfg.cluster, str(root)):
         run_cell(config_from_dict({**cell.overrides, "wandb": {"enabled": False}}), log=lambda *_: None)
     return root / "smoke"

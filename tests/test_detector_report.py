@@ -9,8 +9,9 @@ import sys
 import pandas as pd
 import pytest
 
-from analysis.detector_validation import (arm_failure_rates, detector_scores, failure_coverage, meets_bar,
-                                          mitigation_effects, newcombe, outcomes, replay_setup, watched_by, wilson)
+from analysis.detector_validation import (against_baseline, arm_failure_rates, config_baseline, confirmation_scores,
+                                          detector_scores, failure_coverage, meets_bar, mitigation_effects,
+                                          mixed_arms, newcombe, outcomes, replay_setup, watched_by, wilson)
 from analysis.labels import capture_labels, contract_labels
 from analysis.operating_curve import _dominates, choose, curve, default_setting, first_alert, held_out, load_cells, shown, summary_line
 from harness.logging import read_jsonl
@@ -20,6 +21,8 @@ from tests.test_labels import _stream, validations
 
 
 def _run(sweep, cell_id, topology, sharing, seed, records, alerts):
+    """A logged run; `alerts` are (step, kind, signal, role, policy) or (step, kind) with no signal,
+    role or policy."""
     run = sweep / cell_id
     run.mkdir(parents=True)
     if topology != "single":  # the policy the voters train: 3 instances (IP) or every role (SP)
@@ -28,9 +31,12 @@ def _run(sweep, cell_id, topology, sharing, seed, records, alerts):
     (run / "cell.yaml").write_text(f"cell_id: {cell_id}\ntopology: {topology}\nsharing: {sharing}\nseed: {seed}\n"
                                    f"task: arith\nscale: tiny-m\nextra: {{task_axis: arith}}\n")
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (run / "alerts.jsonl").write_text("".join(json.dumps({"step": s, "kind": k, "role": None, "policy": None,
-                                                          "value": 1.0, "threshold": 1.0, "message": k,
-                                                          "action": "alert"}) + "\n" for s, k in alerts))
+    lines = []
+    for alert in alerts:
+        step, kind, signal, role, policy = (tuple(alert) + (None, None, None))[:5]
+        lines.append(json.dumps({"step": step, "kind": kind, "role": role, "policy": policy, "value": 1.0,
+                                 "threshold": 1.0, "message": kind, "action": "alert", "signal": signal}) + "\n")
+    (run / "alerts.jsonl").write_text("".join(lines))
     return run
 
 
@@ -49,17 +55,22 @@ CAPTURED = dict(lengths=lambda s: 1.0 if s < 50 else min(6.0, 1.0 + (s - 50) * 0
 def sweep(tmp_path_factory):
     sweep = tmp_path_factory.mktemp("repro") / "repro"
     flat = [0.5] * 12
-    # voting IP: two collapses (steps 30 and 50); amplification warned of the first at step 12
+    # voting IP: two collapses (steps 30 and 50); amplification warned of the first at step 12 and the
+    # validation rule confirmed it at 40 (one validation after the label)
     _run(sweep, "voting-ip-arith-tiny-m-s0", "voting", "ip", 0,
          _with_validations(_stream(120, **STEADY), [0.5, 0.6, 0.6, 0.2, 0.1, 0.1] + [0.1] * 6),
-         [(12, "amplification"), (40, "collapse")])
+         [(12, "amplification", None, None, "voter"), (40, "collapse", "validation")])
     _run(sweep, "voting-ip-arith-tiny-m-s1", "voting", "ip", 1,
          _with_validations(_stream(120, **STEADY), [0.5, 0.6, 0.6, 0.6, 0.6, 0.2] + [0.1] * 6), [])
-    # voting SP: one capture (warned by capture at 60 and length drift at 45), one healthy cell with a drift alert
+    # voting SP: the aggregator is captured: capture's pressure warned at 30, length drift at 45, the
+    # "moved" sign confirmed at 90; a length-drift alert about the voters (at 20) names another role.
+    # One healthy SP cell with a length-drift alert on its aggregator (a false alarm)
     captured = _with_validations(_stream(120, **CAPTURED), flat)
-    _run(sweep, "voting-sp-arith-tiny-m-s0", "voting", "sp", 0, captured, [(45, "length_drift"), (60, "capture")])
+    _run(sweep, "voting-sp-arith-tiny-m-s0", "voting", "sp", 0, captured,
+         [(20, "length_drift", "band", "voter", "shared"), (30, "capture", "pressure", "aggregator", "shared"),
+          (45, "length_drift", "band", "aggregator", "shared"), (90, "capture", "moved", "aggregator", "shared")])
     _run(sweep, "voting-sp-arith-tiny-m-s1", "voting", "sp", 1, _with_validations(_stream(120, **STEADY), flat),
-         [(30, "length_drift")])
+         [(30, "length_drift", "band", "aggregator", "shared")])
     _run(sweep, "single-arith-tiny-m-s0", "single", "sp", 0, _with_validations(_stream(120, **STEADY), flat), [])
     # the paired baseline of seed 1, as a single agent logs it: one solver role, one one-instance policy
     solo = [{"step": s, "role/solver/response_length": 30.0, "role/solver/format_ok": 1.0, "policy/shared/instances": 1}
@@ -71,56 +82,115 @@ def sweep(tmp_path_factory):
 def test_scores_are_what_the_constructed_sweep_holds(sweep):
     root, capture_step, contract_step = sweep
     assert contract_step < capture_step  # the aggregator's format broke before its length reached the voters'
-    scores = detector_scores(outcomes(root)).set_index("detector")
+    assert 40 <= contract_step and capture_step < 90
+    results = outcomes(root)
+    scores = detector_scores(results).set_index("detector")
     amp = scores.loc["amplification"]
     assert (amp["failing cells"], amp["caught in time"], amp["recall"]) == (2, 1, 0.5)
     assert amp["median lead (steps)"] == 30 - 12 and amp["false-positive rate"] == 0.0
     # the single agents have no policy trained by two instances: silent by construction, not true negatives
     assert (amp["healthy cells"], amp["healthy, silent by construction"]) == (1, 2)
-    for kind in ("capture", "length_drift"):  # nor a second role, nor a short-contract one
-        assert scores.loc[kind, "healthy, silent by construction"] == 1
-    assert scores.loc["collapse", "recall"] == 0.0  # it fired at 40, after the failure at 30
-    assert scores.loc["capture", "recall"] == 1.0 and scores.loc["capture", "median lead (steps)"] == capture_step - 60
+    warning = scores.loc["capture warning"]
+    assert (warning["recall"], warning["median lead (steps)"]) == (1.0, capture_step - 30)
+    assert warning["healthy, silent by construction"] == 1  # the solver alone has no judging role
     drift = scores.loc["length_drift"]
-    assert drift["median lead (steps)"] == capture_step - 45  # it warns of capture, not of the contract break
-    coverage = failure_coverage(outcomes(root)).set_index("failure")
+    # matched: the alert about the voters (step 20) does not count for the aggregator's capture
+    assert drift["median lead (steps)"] == capture_step - 45
+    assert (drift["healthy cells"], drift["fired on healthy"], drift["false-positive rate"]) == (2, 1, 0.5)
+    assert drift["false-positive 95% CI"] == "[0.09, 0.91]"  # 1 of 2: the rate says little on its own
+    assert scores.loc["collapse warning", "recall"] == 0.0
+    confirmations = confirmation_scores(results).set_index("confirmation")
+    collapse = confirmations.loc["collapse"]
+    assert (collapse["failing cells"], collapse["confirmed"], collapse["median delay (steps)"]) == (2, 1, 10)
+    assert collapse["median delay (validations)"] == 1.0 and collapse["fired anyway"] == 0
+    moved = confirmations.loc["capture"]
+    assert (moved["confirmed"], moved["median delay (steps)"]) == (1, 90 - capture_step)
+    coverage = failure_coverage(results).set_index("failure")
     # collapse: amplification warned of seed 0's (lead 18), nothing of seed 1's
     assert coverage.loc["collapse", ["failing cells", "warned in time", "median lead (steps)"]].tolist() == [2, 1, 18]
     assert coverage.loc["collapse", "first warned by"] == "amplification 1"
-    # the contract break is no detector's target, yet length_drift's alert came before it
+    # the contract break is no warning's target, yet capture's warning came before it
     assert coverage.loc["contract", ["failing cells", "warned in time"]].tolist() == [1, 1]
-    assert coverage.loc["contract", "median lead (steps)"] == contract_step - 45
+    assert coverage.loc["contract", "median lead (steps)"] == contract_step - 30  # capture's warning on the aggregator
     assert coverage.loc["any failure", ["failing cells", "warned in time"]].tolist() == [3, 2]
-    assert coverage.loc["any failure", "first warned by"] == "amplification 1, length_drift 1"
-    assert (drift["healthy cells"], drift["fired on healthy"], drift["false-positive rate"]) == (2, 1, 0.5)
-    assert drift["false-positive 95% CI"] == "[0.09, 0.91]"  # 1 of 2: the rate says little on its own
-    arms = arm_failure_rates(outcomes(root)).set_index("arm")
+    arms = arm_failure_rates(results).set_index("arm")
     assert arms.loc["voting-ip (arith, tiny-m)", "failure rate"] == 1.0
     assert arms.loc["voting-sp (arith, tiny-m)", "failure rate"] == 0.5
+    assert arms.loc["voting-sp (arith, tiny-m)", "mixed"] == "yes" and arms.loc["voting-ip (arith, tiny-m)", "mixed"] == ""
     assert arms.loc["single (arith, tiny-m)", "failed"] == 0
-    assert amp["meets the bar"] == "no: recall 0.50 < 0.8"
-    assert scores.loc["collapse", "meets the bar"] == "no: recall 0.00 < 0.8, no lead"
-    assert drift["meets the bar"].startswith("no: ") and "false positives 0.500 > 0.1" in drift["meets the bar"]
+    assert mixed_arms(results) == ["voting-sp (arith, tiny-m)"]
+    assert amp["meets the aim"] == "no: recall 0.50 < 0.8"
+    assert drift["meets the aim"].startswith("no: ") and "false positives 0.500 > 0.1" in drift["meets the aim"]
 
 
-def test_the_bar_says_what_falls_short():
+def test_an_alert_before_the_monitors_start_or_too_close_to_the_failure_does_not_count(tmp_path):
+    """Bounded: an alert before the first validation after step 0 says how the cell was set up; a
+    warning 5 steps before the failure left no time to act. Neither is a catch."""
+    sweep = tmp_path / "repro"
+    collapse = [0.5, 0.6, 0.6, 0.2, 0.1, 0.1] + [0.1] * 6  # labelled at step 30
+    _run(sweep, "voting-ip-arith-tiny-m-s0", "voting", "ip", 0, _with_validations(_stream(120, **STEADY), collapse),
+         [(5, "amplification", None, None, "voter")])
+    _run(sweep, "voting-ip-arith-tiny-m-s1", "voting", "ip", 1, _with_validations(_stream(120, **STEADY), collapse),
+         [(25, "amplification", None, None, "voter")])
+    _run(sweep, "single-arith-tiny-m-s0", "single", "sp", 0, _with_validations(_stream(120, **STEADY), [0.5] * 12), [])
+    results = {r.cell_id: r for r in outcomes(sweep)}
+    assert "amplification" not in results["voting-ip-arith-tiny-m-s0"].first_alert  # step 5 < the first validation (10)
+    assert results["voting-ip-arith-tiny-m-s1"].first_alert["amplification"] == 25
+    amp = detector_scores(list(results.values())).set_index("detector").loc["amplification"]
+    assert (amp["failing cells"], amp["caught in time"]) == (2, 0)  # a lead of 5 < 10
+
+
+def test_the_config_only_baseline_fires_on_settings_that_failed_on_most_design_seeds(tmp_path):
+    """Held out: a mixed setting (2 of 4 seeds collapse). The design seeds had it failing 3 of 4 times,
+    so the baseline fires on all 4 held-out cells: recall 1, false positives 1. A warning that fires on
+    exactly the two failing cells, 20 steps ahead, beats it; one that fires everywhere does not."""
+    design, test = tmp_path / "design", tmp_path / "test"
+    collapse = [0.5, 0.6, 0.6, 0.6, 0.2, 0.1] + [0.1] * 6  # labelled at step 40
+    for seed in range(4):
+        _run(design, f"voting-ip-arith-tiny-m-s{seed}", "voting", "ip", seed,
+             _with_validations(_stream(120, **STEADY), collapse if seed < 3 else [0.5] * 12), [])
+    for seed in range(10, 18):
+        fails = seed % 2 == 0
+        alerts = [(20, "amplification", None, None, "voter")] if fails else []
+        alerts += [(15, "collapse", "training vs paired run")]  # fires on every cell
+        _run(test, f"voting-ip-arith-tiny-m-s{seed}", "voting", "ip", seed,
+             _with_validations(_stream(120, **STEADY), collapse if fails else [0.5] * 12), alerts)
+        _run(test, f"single-arith-tiny-m-s{seed}", "single", "sp", seed,
+             _with_validations(_stream(120, **STEADY), [0.5] * 12), [])
+    results = outcomes(test)
+    assert mixed_arms(results) == ["voting-ip (arith, tiny-m)"]
+    on_mixed = [r for r in results if r.arm in mixed_arms(results)]
+    baseline, firing = config_baseline(on_mixed, outcomes(design))
+    assert firing == {"voting-ip (arith, tiny-m)"}
+    base = detector_scores(baseline, ["config-only"]).set_index("detector").loc["config-only"]
+    assert (base["recall"], base["false-positive rate"]) == (1.0, 1.0)
+    versus = against_baseline(on_mixed, baseline).set_index("detector")
+    assert versus.loc["amplification", "J (recall - FPR)"] == 1.0 and versus.loc["amplification", "config-only J"] == 0.0
+    assert versus.loc["amplification", "verdict"] == "beats the config-only baseline"
+    assert versus.loc["collapse warning", "verdict"] != "beats the config-only baseline"
+    assert versus.loc["collapse warning", "J (recall - FPR)"] == 0.0
+
+
+def test_the_aim_says_what_falls_short():
     row = {"failing cells": 10, "healthy cells": 10, "recall": 0.9, "median lead (steps)": 12.0,
            "false-positive rate": 0.1}
     assert meets_bar(row) == "yes"
-    assert meets_bar({**row, "median lead (steps)": 3.0}) == "no: lead 3 < 10"
     assert meets_bar({**row, "recall": 0.5, "false-positive rate": 0.2}) == \
         "no: recall 0.50 < 0.8, false positives 0.200 > 0.1"
     assert meets_bar({**row, "healthy cells": 0}) == "not measurable"
 
 
 def test_a_shorter_horizon_scores_only_the_steps_before_it(sweep, tmp_path):
-    """--steps 45: the collapse confirmed at step 40 still counts; the one from step 50 and the capture
-    from step 50 were not seen yet, so their cells are healthy and alerts after step 44 do not count."""
+    """--steps 45: the collapse labelled at step 30 still counts; the one from step 50 and the capture
+    and contract break (from step 53) were not seen yet, so their cells are healthy, and alerts from
+    step 45 on do not count."""
     root = sweep[0]
     scores = detector_scores(outcomes(root, until=45)).set_index("detector")
     amp, drift = scores.loc["amplification"], scores.loc["length_drift"]
     assert (amp["failing cells"], amp["recall"], amp["median lead (steps)"]) == (1, 1.0, 30 - 12)
-    assert (drift["failing cells"], drift["healthy cells"], drift["fired on healthy"]) == (0, 4, 1)
+    # healthy now: voting-ip seed 1, both SP cells and the single agent of seed 0; the SP cells' drift alerts
+    # (steps 20, 30) are false alarms at this horizon
+    assert (drift["failing cells"], drift["healthy cells"], drift["fired on healthy"]) == (0, 4, 2)
     proc = subprocess.run([sys.executable, "-m", "reports.detectors", str(root), "--steps", "45"], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -147,7 +217,9 @@ def test_report_is_written_and_renders_in_chromium(sweep, tmp_path):
     assert "6 cells, 3 with a failure label" in proc.stdout and "amplification" in proc.stdout
     html = root / "report" / "detectors.html"
     md = (root / "report" / "detectors.md").read_text()
-    assert "| amplification |" in md and "[0.34, 1.00]" in md
+    assert "| amplification " in md and "[0.34, 1.00]" in md
+    assert "## Early warnings on the mixed settings" in md and "voting-sp (arith, tiny-m)" in md
+    assert "Needs the design seeds' sweep" in md and "## Confirmations" in md
     assert len(list((root / "report").glob("failure_*.png"))) == 3
     seen = _open_in_chromium(html.as_uri(), tmp_path / "detectors.png")
     assert not seen["errors"] and not seen["dialogs"] and len(seen["images"]) == 3 and all(seen["images"])
@@ -168,8 +240,8 @@ def test_a_slice_of_the_repro_sweep_runs_and_is_scored(tmp_path, warm_model_dir)
     results = outcomes(tmp_path / "repro")
     replayed = outcomes(tmp_path / "repro", replay=True)  # today's detectors on the logged metrics: the same alerts
     assert [r.first_alert for r in replayed] == [r.first_alert for r in results]
-    for cell in load_cells(results):  # the operating curve's replay of one detector at its defaults: the same too
-        for kind in ("amplification", "capture", "length_drift", "collapse"):
+    for cell in load_cells(results):  # the operating curve's replay of one warning at its defaults: the same too
+        for kind in ("amplification", "capture warning", "length_drift", "collapse warning"):
             assert first_alert(kind, default_setting(kind), cell) == cell.outcome.first_alert.get(kind)
     assert sorted(r.cell_id for r in results) == ["single-math-tiny-m-s0-setting=fast",
                                                   "voting-ip-math-tiny-m-s0-mitigation=none-setting=fast"]
@@ -191,13 +263,11 @@ def test_replay_finds_the_baseline_the_run_recorded_beside_it_after_the_sweep_mo
     run = _run(sweep, "voting-ip-arith-tiny-m-s0-setting=fast", "voting", "ip", 0, _stream(30, **STEADY), [])
     cell_yaml = (run / "cell.yaml").read_text()
     (run / "cell.yaml").write_text(cell_yaml + "monitors: {reference_run: /old/root/repro/single-arith-tiny-m-s0-setting=fast}\n")
-    monitors, _ = replay_setup(run)
-    assert monitors.reference_run == str(sweep / "single-arith-tiny-m-s0-setting=fast")
+    assert replay_setup(run).monitors.reference_run == str(sweep / "single-arith-tiny-m-s0-setting=fast")
     # where runs logged before it was one setting recorded it: under amplification
     (run / "cell.yaml").write_text(cell_yaml + "monitors: {amplification: {reference_run: /old/root/repro/"
                                                "single-arith-tiny-m-s0-setting=fast}}\n")
-    monitors, _ = replay_setup(run)
-    assert monitors.reference_run == str(sweep / "single-arith-tiny-m-s0-setting=fast")
+    assert replay_setup(run).monitors.reference_run == str(sweep / "single-arith-tiny-m-s0-setting=fast")
 
 
 def test_newcombe_interval_and_the_mitigation_verdict():
@@ -222,58 +292,57 @@ def test_mitigated_arms_are_compared_with_the_same_arm_without(tmp_path):
     assert row["without mitigation"] == "5/5" and row["difference"] == -0.8 and row["verdict"] == "lower"
 
 
-def test_operating_curves_replay_each_setting_on_the_logged_metrics(sweep):
-    """On the constructed sweep, collapse at its default patience (2 validations) confirms each
-    collapse one validation late; with patience 1 it fires at the label's step: recall 1, lead 0,
-    still short of the bar, which the curve's summary says. The constructed cells log no training
-    accuracy, so the early warning's window (4 values on the grid) changes nothing here."""
-    root = sweep[0]
-    cells = load_cells(outcomes(root))
-    frame = curve("collapse", cells).set_index("setting")
-    assert len(frame) == 3 * 3 * 2 * 4 and frame["default"].sum() == 1
+def _drift_sweep(root, captured_from=50):
+    """A captured SP cell (its aggregator lengthens from `captured_from` on), a healthy SP cell and a
+    single agent: what length drift's operating curve is read on."""
+    flat = [0.5] * 12
+    shifted = dict(lengths=lambda s: 1.0 if s < captured_from else min(6.0, 1.0 + (s - captured_from) * 0.1),
+                   formats=lambda s: 1.0 if s < captured_from else 0.2)
+    _run(root, "voting-sp-arith-tiny-m-s0", "voting", "sp", 0, _with_validations(_stream(120, **shifted), flat), [])
+    _run(root, "voting-sp-arith-tiny-m-s1", "voting", "sp", 1, _with_validations(_stream(120, **STEADY), flat), [])
+    _run(root, "single-arith-tiny-m-s0", "single", "sp", 0, _with_validations(_stream(120, **STEADY), flat), [])
+    return root
+
+
+def test_operating_curves_replay_each_setting_on_the_logged_metrics(tmp_path):
+    """Length drift at its defaults (z 5, EWMA 0.2) sees the aggregator's growth one step before the
+    capture label: no lead. A looser band (z 1.5, a faster EWMA) sees it 21 steps ahead with no false
+    alarm on the healthy SP cell: the curve shows it, on the frontier, and says how many settings
+    meet the aim here (tuned on the cells it is scored on: an optimistic bound)."""
+    cells = load_cells(outcomes(_drift_sweep(tmp_path / "repro")))
+    frame = curve("length_drift", cells).set_index("setting")
+    assert len(frame) == 5 * 2 * 3 * 3 and frame["default"].sum() == 1
     default = frame[frame["default"]].iloc[0]
-    assert default["recall"] == 0.0 and default["caught in time"] == 0
-    quick = frame.loc["fraction=0.7 se=2 patience=1 trend_window=10"]
-    assert (quick["recall"], quick["median lead (steps)"], quick["false-positive rate"]) == (1.0, 0.0, 0.0)
-    assert quick["on the frontier"] and not default["on the frontier"]  # patience 1 beats it on recall
+    assert default["recall"] == 0.0 and default["caught in time"] == 0 and not default["on the frontier"]
+    loose = frame.loc["z_threshold=1.5 ewma_alpha=0.5 patience=1 pressure_z=3"]
+    assert (loose["recall"], loose["median lead (steps)"], loose["false-positive rate"]) == (1.0, 21.0, 0.0)
+    assert loose["on the frontier"] and loose["meets the aim"] == "yes"
     table = shown(frame.reset_index())  # one row per distinct figures on the frontier, plus the default
-    assert table["default"].sum() == 1 and len(table) == len(set(zip(table["recall"], table["false-positive rate"],
-                                                                      table["median lead (steps)"].fillna(-1))))
-    alike = frame[(frame["recall"] == 1.0) & (frame["median lead (steps)"] == 0.0) & (frame["false-positive rate"] == 0.0)]
-    assert table.iloc[0]["recall"] == 1.0 and table.iloc[0]["settings alike"] == len(alike) > 1
-    assert table[table["default"]].iloc[0]["settings alike"] == (frame["recall"] == 0.0).sum()  # the default's twins
-    assert summary_line("collapse", frame.reset_index()).startswith("collapse: 0 of 72 settings meet the bar")
-    assert "longest median lead at recall >= 0.8 and false positives <= 0.1 is 0 steps" in \
-        summary_line("collapse", frame.reset_index())
-    # length_drift: the healthy SP cell's aggregator never moves, so no z threshold fires on it
-    drift = curve("length_drift", cells)
-    healthy_sp = [c for c in cells if c.outcome.cell_id == "voting-sp-arith-tiny-m-s1"][0]
-    assert all(first_alert("length_drift", s, healthy_sp) is None for s in drift["_setting"])
-    assert first_alert("length_drift", {"z_threshold": 2.0, "patience": 1},
-                       [c for c in cells if c.outcome.cell_id == "voting-sp-arith-tiny-m-s0"][0]) > 50
+    assert table["default"].sum() == 1 and table.iloc[0]["recall"] == 1.0
+    meeting = int((frame["meets the aim"] == "yes").sum())
+    assert summary_line("length_drift", frame.reset_index()) == (
+        f"length_drift: {meeting} of 90 settings meet the aim on these cells; the longest median lead at recall "
+        f">= 0.8 and false positives <= 0.1 is 21 steps.")
+    healthy_sp = next(c for c in cells if c.outcome.cell_id == "voting-sp-arith-tiny-m-s1")
+    assert all(first_alert("length_drift", s, healthy_sp) is None for s in frame["_setting"])
 
 
-def test_a_setting_chosen_on_a_design_sweep_is_scored_on_the_held_out_one(sweep, tmp_path):
-    """The choice is made on the design cells only: collapse's patience-1 setting, chosen there, is
-    scored on a held-out sweep whose one collapse (step 20) it catches at 20 and whose healthy cell
-    it leaves alone; its defaults confirm late (recall 0)."""
-    design = sweep[0]
-    test = tmp_path / "test"
-    _run(test, "voting-ip-arith-tiny-m-s7", "voting", "ip", 7,
-         _with_validations(_stream(120, **STEADY), [0.5, 0.6, 0.2, 0.1] + [0.1] * 8), [])
-    _run(test, "single-arith-tiny-m-s7", "single", "sp", 7, _with_validations(_stream(120, **STEADY), [0.5] * 12), [])
-    chosen = held_out(["collapse"], load_cells(outcomes(design)), load_cells(outcomes(test))).iloc[0]
-    assert "patience=1" in chosen["chosen on the design sweep"]
-    assert chosen["design"] == "1.00 / 0 / 0.000" and chosen["held out"] == "1.00 / 0 / 0.000"
-    assert chosen["held out, defaults"] == "0.00 / – / 0.000"
-    assert chosen["held out: meets the bar"] == "no: lead 0 < 10"
-    proc = subprocess.run([sys.executable, "-m", "reports.detectors", str(test), "--design", str(design)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+def test_a_setting_chosen_on_a_design_sweep_is_scored_on_the_held_out_one(tmp_path):
+    """The choice is made on the design cells only: a looser length-drift band, chosen there, catches
+    the held-out sweep's capture (its aggregator lengthening from step 40) well ahead; the defaults
+    see it too late (recall 0)."""
+    design = _drift_sweep(tmp_path / "design")
+    test = _drift_sweep(tmp_path / "test", captured_from=40)
+    chosen = held_out(["length_drift"], load_cells(outcomes(design)), load_cells(outcomes(test))).iloc[0]
+    assert "z_threshold=1.5" in chosen["chosen on the design sweep"]
+    assert chosen["design"].startswith("1.00 / 21") and chosen["held out"].startswith("1.00 / ")
+    assert chosen["held out, defaults"].startswith("0.00 / –") and chosen["held out: meets the aim"] == "yes"
+    proc = subprocess.run([sys.executable, "-m", "reports.detectors", str(test), "--design", str(design),
+                           "--thresholds"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     md = (test / "report" / "detectors.md").read_text()
-    assert "## Operating curves (replayed)" in md and "### capture" in md
-    assert "## Held out: settings chosen on a design sweep" in md and "| collapse " in md
-    assert "capture: not measurable on these cells" in md  # the held-out sweep has no capture to warn of
+    assert "## Operating curves (replayed)" in md and "### capture warning" in md
+    assert "## Held out: settings chosen on a design sweep" in md and "| length_drift " in md
     assert "<h2>Operating curves (replayed)</h2>" in (test / "report" / "detectors.html").read_text()
     seen = _open_in_chromium((test / "report" / "detectors.html").as_uri(), tmp_path / "thresholds.png")
     assert not seen["errors"] and not seen["dialogs"]
@@ -312,8 +381,13 @@ def test_a_cell_built_so_that_a_detector_cannot_fire_is_not_counted_as_its_true_
     ip = {"step": 0, **voter, "policy/voter/instances": 3, "policy/aggregator/instances": 1, "val/accuracy": 0.5}
     one_each = {"step": 0, **voter, **{f"policy/voter_{i}/instances": 1 for i in range(3)}}
     single = {"step": 0, "role/solver/response_length": 30.0, "policy/shared/instances": 1, "val/accuracy": 0.5}
-    assert watched_by([ip]) == {"amplification", "capture", "length_drift", "collapse"}
-    assert watched_by([one_each]) == {"capture", "length_drift"}  # one adapter per voter: nothing to amplify
+    assert watched_by([ip]) == {"amplification", "capture", "capture warning", "length_drift", "collapse"}
+    assert watched_by([one_each]) == {"capture", "capture warning", "length_drift"}  # nothing to amplify
     assert watched_by([single]) == {"collapse"}
+    assert watched_by([single], paired_reference=True) == {"collapse", "collapse warning"}
     shared = {"step": 0, **voter, "policy/shared/instances": 4}  # SP: nothing in the cell to compare with
     assert "amplification" not in watched_by([shared]) and "amplification" in watched_by([shared], paired_reference=True)
+    # a graph's judging roles by contract: a verifier (verdict) is watched, a coder (answer) is not
+    coded = {"step": 0, "role/coder/response_length": 40.0, "role/verifier/response_length": 3.0}
+    assert "length_drift" in watched_by([coded], role_contracts={"coder": "answer", "verifier": "verdict"})
+    assert "length_drift" not in watched_by([coded], role_contracts={"coder": "answer", "verifier": "answer"})

@@ -180,7 +180,7 @@ def test_a_trained_cell_records_the_steps_it_left_waiting_and_they_are_judged_la
     paired = tmp_path / "single"
     every_step = ["monitors.amplification.min_step=0", "monitors.amplification.patience=1",
                   "monitors.amplification.min_ratio=0", "monitors.amplification.min_coherence=0",
-                  "monitors.amplification.min_update_ratio=0", "monitors.debounce=1"]
+                  "monitors.amplification.baseline_steps=0", "monitors.debounce=1", "monitors.start_step=0"]
 
     def train(steps):
         cfg = cell(tmp_path, "topology=voting", "sharing=sp", f"steps={steps}", "val_every=4", "val_problems=4",

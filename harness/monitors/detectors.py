@@ -199,7 +199,7 @@ class AmplificationDetector:
                 early.append(drift / reference)
                 self.streak[policy] = 0
                 continue
-            early_ratio = sum(early) / len(early)
+            early_ratio = sum(early) / len(early) if early else 0.0  # baseline_steps 0: no rise asked
             hot = (ratio >= self.cfg.min_ratio and ratio >= (1 + self.cfg.min_rise) * early_ratio
                    and (entry["coherence"][policy] or 0.0) >= self.cfg.min_coherence)
             self.streak[policy] = self.streak[policy] + 1 if hot else 0

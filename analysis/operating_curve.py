@@ -120,7 +120,7 @@ def _dominates(a, b) -> bool:
 
 
 def closeness_to_bar(row) -> tuple:
-    """How a setting is ranked when choosing one: the bar's criteria it meets (0-3), then recall,
+    """How a setting is ranked when choosing one: the bar's criteria it meets (0-2: recall at lead >= 10, false positives), then recall,
     lead and false positives (a setting meeting the bar always beats one that does not), then the
     default among settings alike."""
     recall, lead, neg_fpr = _figures(row)

@@ -362,10 +362,11 @@ def test_choosing_ranks_the_bar_first_then_recall_lead_and_fewer_false_positives
     def row(setting, recall, lead, fpr, default=False):
         return {"setting": setting, "recall": recall, "median lead (steps)": lead, "false-positive rate": fpr,
                 "default": default}
-    rows = [row("a", 1.0, 3.0, 0.0, default=True), row("b", 0.8, 12.0, 0.05), row("c", 0.8, 12.0, 0.2),
+    # recall is counted at lead >= 10 already: the bar is recall and false positives
+    rows = [row("a", 0.7, 3.0, 0.0, default=True), row("b", 0.8, 12.0, 0.05), row("c", 0.8, 12.0, 0.2),
             row("d", 0.9, 30.0, 0.5)]
-    assert choose(pd.DataFrame(rows))["setting"] == "b"  # the only one meeting all three criteria
-    assert choose(pd.DataFrame(rows[:1] + rows[2:]))["setting"] == "a"  # 2 met; more recall than c
+    assert choose(pd.DataFrame(rows))["setting"] == "b"  # the only one meeting both criteria
+    assert choose(pd.DataFrame(rows[:1] + rows[2:]))["setting"] == "d"  # each meets one; d recalls most
     tie = [row("x", 0.5, float("nan"), 0.0), row("y", 0.5, float("nan"), 0.0, default=True)]
     assert choose(pd.DataFrame(tie))["setting"] == "y"  # alike: the default stands
     # no healthy cell it can fire on: a looser setting's higher recall cannot be weighed against false alarms

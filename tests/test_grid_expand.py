@@ -111,7 +111,7 @@ def line_gpu_column(lines):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["sweep=everything"], "valid choices: full_matrix, full_matrix_offline, repro, repro_capture, repro_controls, repro_eval_opt, repro_lr_spike, smoke"),
+    (["sweep=everything"], "valid choices: " + ", ".join(sorted(p.stem for p in (REPO / "grid/conf/sweep").glob("*.yaml")))),
     (["sweep=smoke", "cluster=mars"], "valid choices: example_gpu, local, study"),
     (["sweep=smoke", "launcher=pbs"], "valid choices: local, slurm"),
     (["sweep=smoke", "sweep.axes.topology=[star]"], "unknown topology 'star' in the sweep; valid choices: eval_opt"),

@@ -23,7 +23,8 @@ def server(tmp_path, warm_model_dir):
 
 def _greedy(server, prompt_ids, eos=-1):
     ids = torch.tensor([prompt_ids])
-    return server.sample(ids, torch.ones_like(ids), 1, 8, 1.0, True, eos, -1, seed=0)[0].tolist()
+    tokens, _log_probs = server.sample(ids, torch.ones_like(ids), 1, 8, 1.0, True, eos, -1, seed=0)
+    return tokens[0].tolist()
 
 
 def test_adapter_sync_replaces_the_served_adapter(server):

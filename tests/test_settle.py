@@ -18,11 +18,12 @@ FALLING = [0.5] * 12 + [0.05] * 28  # the cell's own training accuracy, step for
 
 
 def _paired_run(directory, steps, state="finished", accuracy=0.5):
-    """A single agent's log (training accuracy, a constant or per step, and drift) and status."""
+    """A single agent's log (training accuracy, a constant or per step, and drift, logged after each
+    step's update so never 0) and status."""
     directory.mkdir(parents=True, exist_ok=True)
     per_step = accuracy if isinstance(accuracy, list) else [accuracy] * steps
     (directory / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "accuracy": per_step[s], "policy/solver/drift": 0.01 * s}) + "\n" for s in range(steps)))
+        json.dumps({"step": s, "accuracy": per_step[s], "policy/solver/drift": 0.01 * (s + 1)}) + "\n" for s in range(steps)))
     (directory / "status.json").write_text(json.dumps({"state": state, "step": steps}))
 
 

@@ -1,8 +1,9 @@
 """Did multi-agent RL beat single-agent RL? Per cell, peak and final validation accuracy and the
 difference to its paired baseline (same sweep, scale, task and seed); across seeds, the mean
 difference with a 95% paired t confidence interval; the grid table (rows topology x sharing,
-columns scale, one table per task); best and worst cells; the failure modes each cell's alerts
-found, with the step they first fired.
+columns scale, one table per task); best and worst cells; each cell's failure modes from the
+objective labels of analysis/labels.py (what happened), with the alerts its detectors raised beside
+them (what was predicted): a healthy cell whose detector fired has an alert and no failure mode.
 
     python -m analysis.compare <sweep dir> [<sweep dir> ...] --out <dir>
 """
@@ -20,7 +21,8 @@ import pandas as pd
 from analysis.load import RunsNotFound, load_alerts, load_cells, load_metrics
 from analysis.tables import to_markdown
 
-FAILURE_MODES = ("amplification", "capture", "length_drift", "collapse", "non_finite")
+FAILURE_MODES = ("collapse", "capture", "contract")  # the labels' kinds (analysis/labels.py)
+ALERT_KINDS = ("amplification", "capture", "length_drift", "collapse", "non_finite")
 PAIR_KEYS = ["sweep_dir", "scale", "task_axis", "seed"]  # a baseline pairs within its own sweep directory
 
 
@@ -46,12 +48,19 @@ def extra_axes(frame: pd.DataFrame) -> List[str]:
     """The grid's extra axes (e.g. mitigation): columns that are neither cell fields nor derived."""
     from analysis.load import CELL_COLUMNS
 
-    return [c for c in frame.columns if c not in CELL_COLUMNS and c != "failure_modes"
+    return [c for c in frame.columns if c not in CELL_COLUMNS and c not in ("failure_modes", "alerts")
             and not c.startswith(DERIVED_PREFIXES)]
 
 
+def _labels(run_dir: str) -> list:
+    from analysis.labels import label_run
+
+    return label_run(Path(run_dir)) if (Path(run_dir) / "metrics.jsonl").is_file() else []
+
+
 def summarize(cells: pd.DataFrame, metrics: pd.DataFrame, alerts: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: peak/final validation accuracy and the first step of each failure mode."""
+    """One row per cell: peak/final validation accuracy, the first step of each failure mode (labels)
+    and `failure_modes` naming them (with the role), and `alerts`: each alert kind's first step."""
     summary = cells.copy()
     val = metrics[["run_dir", "step", "val/accuracy"]].dropna() if "val/accuracy" in metrics else \
         pd.DataFrame(columns=["run_dir", "step", "val/accuracy"])
@@ -61,12 +70,15 @@ def summarize(cells: pd.DataFrame, metrics: pd.DataFrame, alerts: pd.DataFrame) 
         if len(val) else pd.Series(dtype=float)
     summary["peak_val"] = summary["run_dir"].map(peak)
     summary["final_val"] = summary["run_dir"].map(final)
-    first = alerts.groupby(["run_dir", "kind"])["step"].min() if len(alerts) else pd.Series(dtype=float)
+    labels = {run: sorted(_labels(run), key=lambda label: (label.step, label.kind)) for run in summary["run_dir"]}
     for mode in FAILURE_MODES:
-        summary[f"first_{mode}"] = [first.get((run, mode), math.nan) for run in summary["run_dir"]]
-    summary["failure_modes"] = [
-        ", ".join(f"{m}@{int(row[f'first_{m}'])}" for m in FAILURE_MODES if not math.isnan(row[f"first_{m}"]))
-        for _, row in summary.iterrows()]
+        summary[f"first_{mode}"] = [min((l.step for l in labels[run] if l.kind == mode), default=math.nan)
+                                    for run in summary["run_dir"]]
+    summary["failure_modes"] = [", ".join(f"{l.kind}" + (f"({l.role})" if l.role else "") + f"@{l.step}"
+                                          for l in labels[run]) for run in summary["run_dir"]]
+    first = alerts.groupby(["run_dir", "kind"])["step"].min() if len(alerts) else pd.Series(dtype=float)
+    summary["alerts"] = [", ".join(f"{k}@{int(first[(run, k)])}" for k in ALERT_KINDS if (run, k) in first.index)
+                         for run in summary["run_dir"]]
     return summary
 
 
@@ -134,7 +146,7 @@ def _format_ci(stat: Tuple[float, float, float, int]) -> str:
 
 def best_and_worst(gains: pd.DataFrame, k: int = 3, metric: str = "gain_final") -> Tuple[pd.DataFrame, pd.DataFrame]:
     ranked = gains.dropna(subset=[metric]).sort_values(metric, ascending=False)
-    columns = ["cell_id", "baseline_id", metric, "final_val", "baseline_final", "failure_modes"]
+    columns = ["cell_id", "baseline_id", metric, "final_val", "baseline_final", "failure_modes", "alerts"]
     return ranked[columns].head(k), ranked[columns].tail(k).iloc[::-1]
 
 
@@ -152,7 +164,7 @@ def compare(paths) -> dict:
 
 
 CELL_TABLE = ["cell_id", "baseline_id", "peak_val", "final_val", "baseline_final", "gain_peak", "gain_final",
-              "state", "failure_modes"]
+              "state", "failure_modes", "alerts"]
 
 
 def markdown(result: dict) -> str:

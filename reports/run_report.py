@@ -14,6 +14,7 @@ from typing import List, Optional
 import pandas as pd
 
 from analysis.compare import paired_gains, summarize
+from analysis.labels import label_run
 from analysis.load import load_alerts, load_cells, load_metrics, load_samples
 from analysis.plots import names_of, role_curves
 from analysis.workflow_metrics import agent_rows, workflow_rows
@@ -104,6 +105,8 @@ def build_run_report(run: Path) -> Path:
         if len(alerts) else pd.DataFrame()
     if late_column:
         alert_frame = alert_frame.assign(late=alert_frame["late"].eq(True).map({True: "late", False: ""}))
+    labels = pd.DataFrame([label.record() for label in label_run(run)]) if (run / "metrics.jsonl").is_file() \
+        else pd.DataFrame()
     roles = early_late(metrics) if len(metrics) else pd.DataFrame()
     policies = early_late(metrics, "policy") if len(metrics) else pd.DataFrame()
     agents = agent_rows(metrics) if len(metrics) else pd.DataFrame()
@@ -112,7 +115,9 @@ def build_run_report(run: Path) -> Path:
     turns = sample_turns(load_samples(run))
 
     body = [f"<h1>Run report: {esc(cell['cell_id'])}</h1>", "<h2>Summary</h2>", kv_table(summary),
-            "<h2>Alerts</h2>", table(alert_frame) if len(alert_frame) else '<p class="muted">no alerts</p>',
+            "<h2>Failure labels (what happened: analysis/labels.py)</h2>",
+            table(labels) if len(labels) else '<p class="muted">no failure</p>',
+            "<h2>Alerts (what the detectors predicted)</h2>", table(alert_frame) if len(alert_frame) else '<p class="muted">no alerts</p>',
             "<h2>Per-role curves</h2>", image(curves, "per-role curves") if curves else "<p>no metrics yet</p>",
             "<h2>Roles early vs late (first and last 10% of steps)</h2>", table(roles) if len(roles) else "",
             "<h2>Policies early vs late (drift ‖θ_t − θ_0‖, each step's Σ‖Δθ‖/‖θ‖)</h2>",
@@ -139,7 +144,8 @@ def build_run_report(run: Path) -> Path:
                                           f"peak {val.max():.3f}, final {val.iloc[-1]:.3f}" if len(val) else "n/a")]]
     if gain is not None and not pd.isna(gain.get("gain_final")):
         md.append(f"- **gain over baseline**: {gain['gain_final']:+.3f} final vs {gain['baseline_id']}")
-    md += ["", "## Alerts", "", md_table(alert_frame) if len(alert_frame) else "_no alerts_", "",
+    md += ["", "## Failure labels", "", md_table(labels) if len(labels) else "_no failure_", "",
+           "## Alerts", "", md_table(alert_frame) if len(alert_frame) else "_no alerts_", "",
            "## Per-role curves", "", "![per-role curves](roles.png)" if curves else "", "",
            "## Roles early vs late", "", md_table(roles) if len(roles) else "", "",
            "## Policies early vs late", "", md_table(policies) if len(policies) else "", "",

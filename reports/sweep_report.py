@@ -37,7 +37,7 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
     side_by_side = [p for topology in sorted(set(cells["topology"]) - {"single"})
                     if (p := sp_vs_ip(metrics, cells, topology, out / f"sp_vs_ip_{topology}.png"))]
     workflows = workflow_rows(load_metrics(sweep, columns=columns_needed()), cells)
-    modes = cells[["cell_id", "state"] + [f"first_{m}" for m in FAILURE_MODES] + ["failure_modes"]]
+    modes = cells[["cell_id", "state"] + [f"first_{m}" for m in FAILURE_MODES] + ["failure_modes", "alerts"]]
     counts = {state: int((cells["state"] == state).sum()) for state in sorted(set(cells["state"]))}
 
     body = [f"<h1>Sweep report: {esc(sweep.name)}</h1>",
@@ -58,7 +58,7 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
     if evaluation is not None:
         body += ["<h2>Checkpoint evaluation (pass@k, <code>python -m analysis.evaluate</code>)</h2>",
                  table(evaluation, links=links)]
-    body += ["<h2>Failure modes (step each first fired)</h2>", table(modes, links=links),
+    body += ["<h2>Failure modes (from the failure labels: the step each began) and alerts (step each first fired)</h2>", table(modes, links=links),
              "<h2>Run reports</h2>",
              "<ul>" + "".join(f'<li><a href="{esc(href)}">{esc(cid)}</a></li>' for cid, href in sorted(links.items()))
              + "</ul>"]

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from analysis.compare import compare, grid_tables, mean_ci
+from analysis.labels import label_run
 from analysis.load import load_metrics
 from reports.sweep_report import build_sweep_report
 from tests.conftest import REPO
@@ -53,16 +54,18 @@ def test_comparison_pairs_every_cell_with_its_baseline(sweep):
     for _, row in gains.iterrows():
         assert row["baseline_id"] == f"single-math-tiny-m-s{row['seed']}"
         assert math.isclose(row["gain_final"], final[row["cell_id"]] - final[row["baseline_id"]])
-    for _, row in gains.iterrows():  # each cell's alerts become its failure-mode flags, with their first step
+    for _, row in gains.iterrows():  # failure modes from the labels; each alert kind beside them, first step
+        labels = sorted(label_run(Path(row["run_dir"])), key=lambda l: (l.step, l.kind))
+        assert row["failure_modes"] == ", ".join(l.kind + (f"({l.role})" if l.role else "") + f"@{l.step}"
+                                                 for l in labels)
         logged = [json.loads(l) for l in (Path(row["run_dir"]) / "alerts.jsonl").read_text().splitlines()]
         first = {}
         for alert in logged:
-            first.setdefault(alert["kind"], alert["step"])
-        assert row["failure_modes"] == ", ".join(f"{k}@{v}" for k, v in sorted(first.items(), key=lambda kv:
-                                                 ["amplification", "capture", "length_drift", "collapse",
-                                                  "non_finite"].index(kv[0])))
+            first[alert["kind"]] = min(first.get(alert["kind"], alert["step"]), alert["step"])
+        assert row["alerts"] == ", ".join(f"{k}@{v}" for k, v in sorted(first.items(), key=lambda kv:
+                                          ["amplification", "capture", "length_drift", "collapse",
+                                           "non_finite"].index(kv[0])))
     ip = gains[gains["sharing"] == "ip"]
-    assert (gains["failure_modes"] != "").any()
     ci = result["ci"].set_index(["topology", "sharing"])
     assert ci.loc[("voting", "ip"), "n"] == 2
     expected = mean_ci(list(ip["gain_final"]))
@@ -179,8 +182,8 @@ def test_sweep_report_tables_read_like_a_person_wrote_them(sweep):
             assert re.fullmatch(r"[+-]\d\.\d{3}", row[gain]), row
     modes = _md_section_table(md, "## Failure modes")
     assert modes and all(re.fullmatch(r"–|\d+", row[f"first_{m}"]) for row in modes
-                         for m in ("amplification", "capture", "length_drift", "collapse", "non_finite"))
-    assert any(row["first_collapse"] == "–" for row in modes)  # a detector that never fired reads "–"
+                         for m in ("collapse", "capture", "contract"))
+    assert any(row["first_collapse"] == "–" for row in modes)  # a failure that never happened reads "–"
 
 
 def test_run_report_shows_each_policys_steps_and_drift(sweep):
@@ -237,3 +240,37 @@ def test_model_text_is_escaped_in_reports(sweep, tmp_path):
     assert "<script>alert" not in html and "&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;" in html
     seen = _open_in_chromium(page.as_uri(), tmp_path / "hostile.png")
     assert seen["dialogs"] == [] and seen["errors"] == []
+
+
+def _synthetic_cell(sweep: Path, cell_id: str, seed: int, accuracy, alerts=()):
+    """A voting/IP cell's record: validation accuracy every 5 of 40 steps (se 0.02), and its alerts."""
+    run = sweep / cell_id
+    run.mkdir(parents=True)
+    (run / "cell.yaml").write_text(json.dumps({"cell_id": cell_id, "topology": "voting", "sharing": "ip",
+                                               "task": "math", "scale": "tiny-m", "seed": seed, "steps": 40}))
+    (run / "status.json").write_text(json.dumps({"state": "finished", "step": 40}))
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, **({"val/accuracy": accuracy(s), "val/accuracy_se": 0.02} if s % 5 == 0 else {})})
+        + "\n" for s in range(40)))
+    (run / "alerts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in alerts))
+
+
+def test_a_healthy_cell_whose_detector_fired_has_an_alert_and_no_failure_mode(tmp_path):
+    sweep = tmp_path / "sweep"
+    amplification = {"step": 10, "kind": "amplification", "role": None, "policy": "voter", "value": 1.6,
+                     "threshold": 1.3, "action": "alert", "message": "gradient amplification"}
+    _synthetic_cell(sweep, "healthy", 0, lambda s: 0.5, [amplification])
+    _synthetic_cell(sweep, "collapsed", 1, lambda s: 0.5 if s < 20 else 0.05)
+    cells = compare(sweep)["cells"].set_index("cell_id")
+    assert cells.loc["healthy", "failure_modes"] == "" and cells.loc["healthy", "alerts"] == "amplification@10"
+    assert math.isnan(cells.loc["healthy", "first_collapse"])
+    assert cells.loc["collapsed", "failure_modes"] == "collapse@20" and cells.loc["collapsed", "alerts"] == ""
+    assert cells.loc["collapsed", "first_collapse"] == 20
+    from reports.run_report import build_run_report
+
+    build_run_report(sweep / "healthy")
+    md = (sweep / "healthy" / "report" / "report.md").read_text()
+    assert "## Failure labels\n\n_no failure_" in md and "amplification" in md.split("## Alerts")[1]
+    build_run_report(sweep / "collapsed")
+    labels = _md_section_table((sweep / "collapsed" / "report" / "report.md").read_text(), "## Failure labels")
+    assert [(row["kind"], row["step"]) for row in labels] == [("collapse", "20")]

@@ -293,8 +293,10 @@ def upgrade_stored(cell: dict) -> dict:
 @dataclass
 class WandbConfig:
     enabled: bool = True
-    mode: str = "offline"  # offline | online | disabled; online needs the user's own login/server
-    project: str = "marl-harness"
+    # unset (None): the WANDB_MODE / WANDB_PROJECT / WANDB_ENTITY environment variables, else the
+    # defaults below (harness.logging.wandb_settings); a value set here wins over the environment
+    mode: Optional[str] = None  # offline (default) | online | disabled; online needs the user's own login/server
+    project: Optional[str] = None  # default marl-harness
     entity: Optional[str] = None
     dir: Optional[str] = None  # default: the run directory
 

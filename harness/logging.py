@@ -187,6 +187,23 @@ def wandb_key(key: str) -> str:
     return key
 
 
+WANDB_DEFAULTS = {"mode": "offline", "project": "marl-harness", "entity": None}
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+def wandb_settings(cfg) -> Dict[str, Optional[str]]:
+    """mode, project and entity as a researcher expects them: a value set in the config, else the
+    WANDB_<NAME> environment variable, else the harness's default (offline, project marl-harness).
+    wandb's `dryrun` is its old name for offline."""
+    resolved = {}
+    for name, default in WANDB_DEFAULTS.items():
+        value = getattr(cfg.wandb, name, None)
+        resolved[name] = value if value not in (None, "") else (os.environ.get(f"WANDB_{name.upper()}") or default)
+    if resolved["mode"] == "dryrun":
+        resolved["mode"] = "offline"
+    return resolved
+
+
 class WandbSink:
     """One wandb run per cell (group = sweep, tags = axis values); offline unless configured.
     The JSONL run directory stays the source of truth: this is a mirror for the wandb UI."""
@@ -200,9 +217,10 @@ class WandbSink:
                 f"seed:{cfg.seed}"]
         from omegaconf import OmegaConf
 
-        self.run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, group=cfg.sweep,
-                              name=cfg.cell_id, id=_wandb_id(cfg), resume="allow", tags=tags,
-                              config=OmegaConf.to_container(OmegaConf.structured(cfg)), mode=cfg.wandb.mode,
+        settings = wandb_settings(cfg)
+        self.run = wandb.init(project=settings["project"], entity=settings["entity"], group=cfg.sweep,
+                              name=cfg.cell_id, id=wandb_run_id(run_dir.path), resume="allow", tags=tags,
+                              config=OmegaConf.to_container(OmegaConf.structured(cfg)), mode=settings["mode"],
                               dir=str(cfg.wandb.dir or run_dir.path), reinit="finish_previous",
                               settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
 
@@ -220,10 +238,23 @@ class WandbSink:
         self.run.finish(exit_code=0 if state in ("finished", "stopped_early") else 1)
 
 
-def _wandb_id(cfg) -> str:
-    import hashlib
+WANDB_ID_FILE = "wandb-run-id"
 
-    return hashlib.sha1(f"{cfg.root}|{cfg.sweep}|{cfg.cell_id}".encode()).hexdigest()[:16]
+
+def wandb_run_id(run_path: Path) -> str:
+    """The run directory's own wandb id: drawn at random on its first run and kept in the directory,
+    so a resume continues the same wandb run and two run directories (other roots, other machines,
+    the same cell id) never share one; a moved directory keeps its id."""
+    import secrets
+
+    path = Path(run_path) / WANDB_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = secrets.token_hex(8)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(run_id + "\n")
+    os.replace(tmp, path)
+    return run_id
 
 
 def read_wandb_offline(path: Path) -> Iterator[Any]:

@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence
 from omegaconf import OmegaConf
 
 from harness.config import CellConfig, ConfigError, monitor_start
-from harness.logging import RunDir, write_atomic
+from harness.logging import RunDir, wandb_settings, write_atomic
 from harness.validation import load_config
 
 EXIT_BAD_INPUT = 2
@@ -157,7 +157,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     alert_counts: dict = {}
     for record in written:
         alert_counts[record["kind"]] = alert_counts.get(record["kind"], 0) + 1
-    sink = WandbSink(cfg, run_dir) if cfg.wandb.enabled and cfg.wandb.mode != "disabled" else None
+    sink = WandbSink(cfg, run_dir) if cfg.wandb.enabled and wandb_settings(cfg)["mode"] != "disabled" else None
     run_dir.write_status("running", step=start, cell_id=cfg.cell_id, pid=os.getpid(), host=os.uname().nodename,
                          policies={p: [f"{r}:{i}" for r, i in policy_map.members(p)] for p in policy_map.policies},
                          contracts=role_contracts,

@@ -373,7 +373,9 @@ def validate(cfg: CellConfig) -> None:
         raise ConfigError(f"monitors.collapse.trend_window must be >= 0 (0: no early warning) and "
                           f"monitors.collapse.trend_patience >= 1, got {cfg.monitors.collapse.trend_window} and "
                           f"{cfg.monitors.collapse.trend_patience}")
-    _choose("wandb mode (wandb.mode)", cfg.wandb.mode, ("offline", "online", "disabled"))
+    from harness.logging import WANDB_MODES, wandb_settings
+
+    _choose("wandb mode (wandb.mode, else $WANDB_MODE)", wandb_settings(cfg)["mode"], WANDB_MODES)
     if cfg.sharing_cfg.full_finetune and kl_in_loss(cfg.algo):
         raise ConfigError("algo.kl_coef > 0 needs the base model as reference, which full fine-tuning changes; "
                           "use an adapter (sharing_cfg.full_finetune=false)")

@@ -285,9 +285,11 @@ def _engine_placement(resources: Resources) -> Dict[str, Any]:
     return {"verl": {"gpus_per_policy": resources.gpus * resources.nodes}}
 
 
-def check_cells(cells: List[Cell], strict: bool) -> None:
+def check_cells(cells: List[Cell], strict: bool) -> int:
     """Validate every cell's config as harness.run would. strict: raise on the first problem
-    (launch); otherwise record problems in cell.notes (dry run)."""
+    (launch); otherwise record problems in cell.notes (dry run) and return how many cells are
+    invalid (a missing data file alone does not make a cell invalid: the dry run lists it)."""
+    invalid = 0
     from harness.config import ConfigError
     from harness.validation import config_from_dict
 
@@ -306,6 +308,8 @@ def check_cells(cells: List[Cell], strict: bool) -> None:
                 raise GridError(f"cell {cell.cell_id}: {exc}") from None
             if not (missing and str(exc).startswith("data.")):  # already listed above
                 cell.notes.append(str(exc).splitlines()[0])
+                invalid += 1
+    return invalid
 
 
 def table(cells: List[Cell]) -> str:

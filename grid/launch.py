@@ -11,8 +11,10 @@ model path) prints one error naming the valid choices, exits 2 and submits nothi
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -25,6 +27,51 @@ from grid.expand import CONF_DIR, GridError, check_cells, choices, expand, table
 
 EXIT_BAD_INPUT = 2
 ACTIONS = ("launch", "status")
+GROUPS = ("sweep", "launcher", "cluster")  # config groups: sweep=<name> picks grid/conf/sweep/<name>.yaml
+LAUNCH_RECORD = "launch.json"  # the overrides a sweep was launched with, beside its cells
+
+
+@dataclass
+class LaunchOptions:
+    """The launcher's own options, typed like a cell's config (grid/conf/launch.yaml sets them)."""
+
+    action: str = "launch"  # launch | status
+    dry_run: bool = False
+    root: str = "runs"
+    wait: bool = False
+
+
+def check_launch_overrides(overrides: Sequence[str]) -> None:
+    """Hydra habits that do not apply here, and unknown launch options, as one line each."""
+    from harness.cli_overrides import LIST_HINT, OverrideError, close_keys, parse_habits
+
+    try:
+        parsed = parse_habits(overrides, LIST_HINT)
+    except OverrideError as exc:
+        raise GridError(str(exc)) from None
+    known = [f.name for f in fields(LaunchOptions)] + list(GROUPS)
+    for override in parsed:
+        top = override.key_or_group.split(".")[0].split("@")[0]
+        if top not in known and top != "hydra":
+            raise GridError(f"unknown launch option '{top}'{close_keys(top, known)} (valid: "
+                            f"{', '.join(f.name for f in fields(LaunchOptions))}; {', '.join(g + '=<name>' for g in GROUPS)}; "
+                            f"sweep.<key>=... for the sweep's settings)")
+
+
+def typed_options(cfg: DictConfig) -> LaunchOptions:
+    """The composed launch options checked against LaunchOptions: `dry_run=ture` is an error, not true."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    values = {f.name: cfg.get(f.name) for f in fields(LaunchOptions)}
+    try:
+        options = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(LaunchOptions), values))
+    except (OmegaConfBaseException, ValueError) as exc:
+        key = getattr(exc, "key", None) or "an option"
+        raise GridError(f"{key}: {str(exc).splitlines()[0]} (dry_run and wait take true or false)") from None
+    if options.action not in ACTIONS:
+        raise GridError(f"unknown action '{options.action}'; valid choices: {', '.join(ACTIONS)}")
+    return options
 
 
 def compose(overrides: Sequence[str]) -> DictConfig:
@@ -32,10 +79,16 @@ def compose(overrides: Sequence[str]) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
+    import yaml
 
+    check_launch_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             cfg = hydra_compose(config_name="launch", overrides=list(overrides))
+    except yaml.YAMLError as exc:  # a config file of grid/conf that does not parse
+        from harness.yaml_errors import describe_yaml_error
+
+        raise GridError(f"a config file is not valid YAML: {describe_yaml_error(exc)}") from None
     except MissingConfigException as exc:
         group = next((g for g in ("sweep", "launcher", "cluster") if f"'{g}/" in str(exc)), None)
         valid = f"; valid choices: {', '.join(choices(group))}" if group else ""
@@ -44,9 +97,40 @@ def compose(overrides: Sequence[str]) -> DictConfig:
         lines = str(exc).splitlines()
         cause = str(exc.__cause__ or "").splitlines()
         raise GridError(f"bad override: {lines[0] if lines else exc}" + (f": {cause[0]}" if cause else "")) from None
-    if cfg.action not in ACTIONS:
-        raise GridError(f"unknown action '{cfg.action}'; valid choices: {', '.join(ACTIONS)}")
+    typed_options(cfg)
     return cfg
+
+
+SESSION_KEYS = ("action", "dry_run", "wait")  # how this command runs, not what the sweep is
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def record_launch(sweep_dir: Path, argv: Sequence[str]) -> None:
+    """Keeps the overrides the sweep was launched with beside its cells (launch.json: every launch,
+    newest last), so `action=status` shows the sweep that ran, not the sweep file's defaults."""
+    from harness.logging import write_atomic
+
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    path = sweep_dir / LAUNCH_RECORD
+    launches = json.loads(path.read_text()).get("launches", []) if path.is_file() else []
+    launches.append({"overrides": [a for a in argv if _key(a) not in SESSION_KEYS],
+                     "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    write_atomic(path, json.dumps({"launches": launches}, indent=1) + "\n")
+
+
+def compose_as_launched(cfg: DictConfig, argv: Sequence[str]) -> DictConfig:
+    """The status config: the last launch's overrides, under any the user gives now."""
+    path = Path(cfg.root) / cfg.sweep.name / LAUNCH_RECORD
+    if not path.is_file():
+        return cfg
+    last = json.loads(path.read_text())["launches"][-1]
+    given = {_key(a) for a in argv}
+    stored = [a for a in last["overrides"] if _key(a) not in given]
+    print(f"status of the sweep as launched at {last['at']}: {' '.join(last['overrides']) or '(no overrides)'}")
+    return compose(stored + list(argv))
 
 
 def print_status(cells, cfg: DictConfig, out=print) -> List:
@@ -146,15 +230,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         cfg = compose(argv)
+        if cfg.action == "status":
+            cfg = compose_as_launched(cfg, argv)
         cells = expand(cfg.sweep, cfg.cluster, cfg.root)
         if cfg.dry_run:
-            check_cells(cells, strict=False)
+            invalid = check_cells(cells, strict=False)
             print(table(cells))
             n_base = sum(c.is_baseline for c in cells)
             gpu_hours = sum(c.resources.gpu_hours for c in cells)
             print(f"{len(cells)} cells: {len(cells) - n_base} multi-agent + {n_base} single-agent baselines "
                   f"(sweep {cfg.sweep.name}, launcher {cfg.launcher.name}, cluster {cfg.cluster.name}); "
                   f"{gpu_hours:g} GPU-hours reserved (GPUs x time limit, an upper bound); dry run: nothing submitted")
+            if invalid:
+                print(f"error: {invalid} of {len(cells)} cells are invalid (their check column says why)", file=sys.stderr)
+                return EXIT_BAD_INPUT
             return 0
         check_cells(cells, strict=True)  # every problem surfaces before the first submission
         if cfg.action == "status":
@@ -162,6 +251,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not any(s.state in ("queued", "running") for s in states):
                 settle_alerts(Path(cfg.root) / cfg.sweep.name, print)
             return 0
+        record_launch(Path(cfg.root) / cfg.sweep.name, argv)
         return launch(cells, cfg)
     except GridError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -285,8 +285,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(__doc__)
         print(OmegaConf.to_yaml(OmegaConf.structured(CellConfig)))
         return 0
+    from harness.cli_overrides import print_config_request
+
+    printed = print_config_request(argv)
     try:
-        cfg = load_config(argv)
+        cfg = load_config(argv if printed is None else printed)
+        if printed is not None:  # --cfg job: the resolved cell config, nothing run
+            print(OmegaConf.to_yaml(OmegaConf.structured(cfg)), end="")
+            return 0
         run_cell(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -41,6 +41,12 @@ def load_config(overrides: Sequence[str]) -> CellConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from harness.cli_overrides import OverrideError, check_overrides
+
+    try:
+        check_overrides(overrides, CellConfig)
+    except OverrideError as exc:
+        raise ConfigError(str(exc)) from None
     register_configs()
     try:
         with initialize(version_base=None, config_path=None):

@@ -132,7 +132,9 @@ def read_graph(source) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise GraphError(f"workflow graph {source} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        from harness.yaml_errors import describe_yaml_error
+
+        raise GraphError(f"workflow graph is not valid YAML: {describe_yaml_error(exc, str(source))}") from None
     if not isinstance(data, dict):
         raise GraphError(f"workflow graph {source} must be a mapping with roles, nodes, edges and final")
     data.setdefault("name", path.stem)

@@ -1,0 +1,102 @@
+"""The command line as a Hydra user types it, read before Hydra sees it, so each habit that does not
+apply to one cell gets one line saying what to write instead:
+
+- `+key=value` for a key the schema does not have is refused with the closest keys (Hydra would add
+  it, and the typed config would drop it without a word); under a free-form dict (`reward.per_role`,
+  `workflow.role_max_new_tokens`, ...) a new key is what `+` is for, and is kept;
+- `-m` / `--multirun` and sweep values (`seed=0,1`, `seed=range(0,3)`): one cell runs here; a sweep
+  is `grid/launch.py` with the values on an axis;
+- `--flag value` / `--flag=value`: options are `key=value`;
+- `--cfg job` prints the resolved cell config (with `--resolve` too) and runs nothing.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import List, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+SWEEP_HINT = ("one cell runs here; to run several values use the grid launcher with the values on an axis, "
+              "e.g. python grid/launch.py sweep=smoke 'sweep.axes.seed=[0,1]'")
+
+
+class OverrideError(ValueError):
+    """A command-line argument this entry point does not take; the message says what to write."""
+
+
+def print_config_request(argv: Sequence[str]) -> Optional[List[str]]:
+    """The overrides when argv asks for the resolved config (`--cfg job`, `--cfg=job`, also with
+    `--resolve`), else None."""
+    args = list(argv)
+    wanted = False
+    for form in (["--cfg", "job"], ["-c", "job"]):
+        for i in range(len(args) - 1):
+            if args[i:i + 2] == form:
+                del args[i:i + 2]
+                wanted = True
+                break
+    if "--cfg=job" in args:
+        args.remove("--cfg=job")
+        wanted = True
+    if not wanted:
+        return None
+    return [a for a in args if a != "--resolve"]
+
+
+LIST_HINT = "the launcher expands lists, not Hydra's sweeps: write the values as a list, e.g. 'sweep.axes.seed=[0,1]'"
+
+
+def check_overrides(argv: Sequence[str], schema) -> None:
+    """Raises OverrideError for the first argument a one-cell Hydra command line should not carry."""
+    for override in parse_habits(argv, SWEEP_HINT):
+        if override.is_add():
+            _check_new_key(OmegaConf.structured(schema), override.key_or_group)
+
+
+def parse_habits(argv: Sequence[str], sweep_hint: str) -> list:
+    """Hydra's parse of argv (empty where Hydra cannot parse it: it says why itself), after refusing
+    -m/--multirun, --flags and sweep values with `sweep_hint`."""
+    for i, arg in enumerate(argv):
+        if arg in ("-m", "--multirun"):
+            raise OverrideError(f"{arg}: {sweep_hint}")
+        if arg.startswith("-"):
+            name, _, value = arg.lstrip("-").partition("=")
+            if name in ("cfg", "c"):
+                raise OverrideError(f"{arg}: only '--cfg job' is supported here (it prints the resolved cell config)")
+            following = argv[i + 1] if i + 1 < len(argv) and "=" not in argv[i + 1] else "<value>"
+            example = f"{name.replace('-', '_')}={value or following}"
+            raise OverrideError(f"{arg}: options are key=value, e.g. {example} (every key: --help)")
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(argv))
+    except OverrideParseException:
+        return []  # Hydra says what is wrong with it
+    for override in parsed:
+        if override.is_sweep_override():
+            raise OverrideError(f"{override.input_line}: {sweep_hint}")
+    return parsed
+
+
+def close_keys(name: str, valid: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(valid), n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def _check_new_key(root: DictConfig, key: str) -> None:
+    node = root
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(node, DictConfig):
+            return  # a list or a value: Hydra says what is wrong
+        if OmegaConf.get_type(node) is dict:
+            return  # a free-form dict: new keys are what `+` is for
+        if part not in node:
+            where = ".".join(parts[:depth])
+            valid = [str(k) for k in node.keys()]
+            close = difflib.get_close_matches(part, valid, n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(where + '.' + c if where else c for c in close)}?" if close else ""
+            raise OverrideError(f"+{key}: the config has no key '{part}'{' under ' + where if where else ''}"
+                                f"{hint} (valid keys{' of ' + where if where else ''}: {', '.join(valid)})")
+        node = node._get_node(part)

@@ -1,0 +1,104 @@
+"""Hydra habits on both command lines, the launcher's typed options, YAML errors with their place,
+and `action=status` on the sweep as it was launched. Each answer is one `error:` line, exit 2,
+nothing written."""
+import json
+
+import pytest
+
+from grid.launch import EXIT_BAD_INPUT, LAUNCH_RECORD
+from grid.launch import main as launch_main
+from harness.run import main as run_main
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["+stepz=10"], "+stepz: the config has no key 'stepz'; did you mean steps"),
+    (["+algo.lrr=1e-3"], "the config has no key 'lrr' under algo; did you mean algo.lr?"),
+    (["seed=0,1"], "seed=0,1: one cell runs here; to run several values use the grid launcher"),
+    (["seed=range(0,3)"], "one cell runs here"),
+    (["-m", "seed=1"], "-m: one cell runs here"),
+    (["--multirun"], "--multirun: one cell runs here"),
+    (["--steps", "10"], "--steps: options are key=value, e.g. steps=10"),
+    (["--steps=10"], "options are key=value, e.g. steps=10"),
+    (["--cfg", "hydra"], "only '--cfg job' is supported here"),
+])
+def test_a_cell_command_line_habit_gets_one_line_saying_what_to_write(tmp_path, capsys, argv, message):
+    assert run_main([f"root={tmp_path}", *argv]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_new_key_under_a_free_form_dict_is_kept(tmp_path):
+    from tests.conftest import cell
+
+    cfg = cell(tmp_path, "topology=voting", "+reward.per_role.aggregator.length=-0.5")
+    assert cfg.reward.per_role["aggregator"]["length"] == -0.5
+
+
+def test_cfg_job_prints_the_resolved_cell_config_and_runs_nothing(tmp_path, capsys):
+    import yaml
+
+    assert run_main(["--cfg", "job", f"root={tmp_path}", "topology=voting", "steps=7"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["topology"] == "voting" and printed["steps"] == 7
+    assert printed["cell_id"] == "voting-ip-arith-tiny-m-s0"  # resolved: the default id is filled in
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["dry_run=ture"], "dry_run: Value 'ture' is not a valid bool"),
+    (["dryrun=true"], "unknown launch option 'dryrun'; did you mean dry_run?"),
+    (["wait=maybe"], "wait: Value 'maybe' is not a valid bool"),
+    (["-m"], "-m: the launcher expands lists, not Hydra's sweeps"),
+    (["sweep.axes.seed=0,1"], "write the values as a list, e.g. 'sweep.axes.seed=[0,1]'"),
+    (["--dry-run"], "options are key=value, e.g. dry_run=<value>"),
+])
+def test_a_launcher_habit_gets_one_line_and_submits_nothing(tmp_path, capsys, argv, message):
+    root = tmp_path / "runs"
+    assert launch_main([f"root={root}", "sweep=smoke", *argv]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not root.exists()
+
+
+def test_a_dry_run_with_invalid_cells_lists_them_and_exits_2(tmp_path, capsys):
+    root = tmp_path / "runs"
+    assert launch_main([f"root={root}", "sweep=smoke", "sweep.cell.steps=-1", "dry_run=true"]) == EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    assert out.count("steps must be >= 1, got -1") == 7  # every cell's check column says why
+    assert err.strip() == "error: 7 of 7 cells are invalid (their check column says why)"
+    assert not root.exists()
+
+
+def test_status_shows_the_sweep_as_it_was_launched(tmp_path, capsys):
+    root = tmp_path / "runs"
+    sweep_dir = root / "smoke"
+    sweep_dir.mkdir(parents=True)
+    launched = [f"root={root}", "sweep=smoke", "sweep.cell.steps=10", "sweep.axes.topology=[voting]"]
+    (sweep_dir / LAUNCH_RECORD).write_text(json.dumps({"launches": [{"overrides": launched, "at": "then"}]}))
+    assert launch_main([f"root={root}", "sweep=smoke", "action=status"]) == 0
+    out = capsys.readouterr().out
+    assert "status of the sweep as launched at then: " + " ".join(launched) in out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("voting-", "single-", "eval_opt-"))]
+    assert {row[0] for row in rows} == {"voting-sp-math-tiny-m-s0", "voting-ip-math-tiny-m-s0", "single-math-tiny-m-s0"}
+    assert all(row[2] == "0/10" for row in rows)  # not the sweep file's 20 steps
+    # an override given now wins over the stored one
+    assert launch_main([f"root={root}", "sweep=smoke", "action=status", "sweep.cell.steps=12"]) == 0
+    assert all(line.split()[2] == "0/12" for line in capsys.readouterr().out.splitlines() if line.startswith("voting-"))
+
+
+def test_a_launch_records_its_overrides_beside_the_cells(tmp_path):
+    from grid.launch import record_launch
+
+    record_launch(tmp_path, ["sweep=smoke", "sweep.cell.steps=10", "dry_run=false", "wait=true"])
+    record_launch(tmp_path, ["sweep=smoke"])
+    launches = json.loads((tmp_path / LAUNCH_RECORD).read_text())["launches"]
+    assert [l["overrides"] for l in launches] == [["sweep=smoke", "sweep.cell.steps=10"], ["sweep=smoke"]]
+
+
+def test_a_graph_yaml_error_names_its_line_and_column(tmp_path, capsys):
+    graph = tmp_path / "graph.yaml"
+    graph.write_text("name: g\nroles:\n  solver: {contract: answer}\nnodes: [a, b\n")
+    assert run_main([f"root={tmp_path / 'runs'}", f"topology={graph}"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"{graph}:5:1: expected ',' or ']'" in err, err

@@ -145,9 +145,13 @@ def _format_ci(stat: Tuple[float, float, float, int]) -> str:
 
 
 def best_and_worst(gains: pd.DataFrame, k: int = 3, metric: str = "gain_final") -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """The k best cells and the k worst, never the same cell in both: with 2k cells or fewer the
+    worst are the ones not among the best (none at all with k or fewer)."""
     ranked = gains.dropna(subset=[metric]).sort_values(metric, ascending=False)
     columns = ["cell_id", "baseline_id", metric, "final_val", "baseline_final", "failure_modes", "alerts"]
-    return ranked[columns].head(k), ranked[columns].tail(k).iloc[::-1]
+    best = ranked[columns].head(k)
+    worst = ranked[columns].iloc[len(best):].tail(k).iloc[::-1]
+    return best, worst
 
 
 def compare(paths) -> dict:

@@ -41,9 +41,19 @@ def _mark_alerts(ax, alerts: Optional[pd.DataFrame]) -> None:
         ax.axvline(alert["step"], color=ALERT_COLORS.get(alert["kind"], "gray"), linestyle=":", linewidth=1)
 
 
+def defined_share(metrics: pd.DataFrame, column: str) -> pd.Series:
+    """A gradient share where something was trained: undefined (NaN), not 0, at a step whose total
+    gradient was 0 (every advantage 0: nothing to share)."""
+    share = metrics[column].astype(float)
+    if "grad/total_norm" in metrics:
+        share = share.where(metrics["grad/total_norm"].astype(float) > 0)
+    return share
+
+
 def role_curves(metrics: pd.DataFrame, alerts: Optional[pd.DataFrame], out: Path, title: str = "",
-                smooth: int = 5) -> Path:
-    """One run: each role's grad norm, grad vs token share, length, accuracy and format, with alerts."""
+                smooth: int = 5, baseline: Optional[pd.DataFrame] = None) -> Path:
+    """One run: each role's grad norm, grad vs token share, length, accuracy and format, with alerts;
+    the paired single agent's reward and validation accuracy (grey) under the run's own."""
     metrics = metrics.sort_values("step")
     roles = roles_of(metrics)
     fig, axes = plt.subplots(len(ROLE_PANELS) + 1, 1, figsize=(9, 2.3 * (len(ROLE_PANELS) + 1)), sharex=True)
@@ -52,7 +62,8 @@ def role_curves(metrics: pd.DataFrame, alerts: Optional[pd.DataFrame], out: Path
         for role in roles:
             column = f"role/{role}/{key}"
             if column in metrics:
-                ax.plot(metrics["step"], _smooth(metrics[column], smooth), color=colors[role], label=role)
+                values = defined_share(metrics, column) if key == "grad_share" else metrics[column]
+                ax.plot(metrics["step"], _smooth(values, smooth), color=colors[role], label=role)
             if key == "grad_share" and f"role/{role}/token_share" in metrics:
                 ax.plot(metrics["step"], _smooth(metrics[f"role/{role}/token_share"], smooth), color=colors[role],
                         linestyle="--")
@@ -64,6 +75,14 @@ def role_curves(metrics: pd.DataFrame, alerts: Optional[pd.DataFrame], out: Path
     if "val/accuracy" in metrics:
         val = metrics[["step", "val/accuracy"]].dropna()
         ax.plot(val["step"], val["val/accuracy"], "o-", color="black", label="validation accuracy")
+    if baseline is not None and len(baseline):
+        baseline = baseline.sort_values("step")
+        if "reward/mean" in baseline:
+            ax.plot(baseline["step"], _smooth(baseline["reward/mean"], smooth), color="0.6", linestyle="--",
+                    label="paired single agent: reward")
+        if "val/accuracy" in baseline:
+            val = baseline[["step", "val/accuracy"]].dropna()
+            ax.plot(val["step"], val["val/accuracy"], "s--", color="0.5", label="paired single agent: validation")
     ax.set_ylabel("reward / accuracy", fontsize=8)
     ax.set_xlabel("step")
     ax.legend(fontsize=7, loc="best")
@@ -97,7 +116,8 @@ def sp_vs_ip(metrics: pd.DataFrame, cells: pd.DataFrame, topology: str, out: Pat
             val = m[["step", "val/accuracy"]].dropna()
             axes[0, col].plot(val["step"], val["val/accuracy"], "o-", color="black")
         for i, role in enumerate(roles_of(m)):
-            axes[1, col].plot(m["step"], _smooth(m[f"role/{role}/grad_share"], smooth), color=f"C{i}", label=role)
+            axes[1, col].plot(m["step"], _smooth(defined_share(m, f"role/{role}/grad_share"), smooth), color=f"C{i}",
+                              label=role)
             axes[2, col].plot(m["step"], _smooth(m[f"role/{role}/response_length"], smooth), color=f"C{i}", label=role)
         axes[1, col].legend(fontsize=7)
     axes[0, 0].set_ylabel("validation accuracy", fontsize=8)
@@ -115,19 +135,50 @@ def gain_heatmap(ci: pd.DataFrame, task: str, out: Path) -> Optional[Path]:
     if part.empty:
         return None
     table = part.pivot_table(index=["topology", "sharing"], columns="scale", values="mean")
-    fig, ax = plt.subplots(figsize=(2 + 1.6 * table.shape[1], 0.6 + 0.5 * table.shape[0]))
+    fig, ax = plt.subplots(figsize=(3.2 + 1.6 * table.shape[1], 1.2 + 0.5 * table.shape[0]))
     limit = max(0.05, float(table.abs().max().max()) if table.size else 0.05)
     image = ax.imshow(table.values, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
     ax.set_xticks(range(table.shape[1]), table.columns)
-    ax.set_yticks(range(table.shape[0]), [f"{t} {s}" for t, s in table.index])
+    ax.set_yticks(range(table.shape[0]), [f"{t} / {s}" for t, s in table.index], fontsize=8)
     for i in range(table.shape[0]):
         for j in range(table.shape[1]):
             value = table.values[i, j]
             if not math.isnan(value):
                 ax.text(j, i, f"{value:+.3f}", ha="center", va="center", fontsize=8,
                         color="white" if abs(value) > 0.6 * limit else "black")
-    fig.colorbar(image, ax=ax, label="final accuracy − baseline")
+    bar = fig.colorbar(image, ax=ax)
+    bar.set_label("final acc. − baseline", fontsize=8)
     ax.set_title(f"gain over the single-agent baseline, task {task}", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def policy_curves(metrics: pd.DataFrame, alerts: Optional[pd.DataFrame], out: Path, title: str = "",
+                  baseline: Optional[pd.DataFrame] = None) -> Optional[Path]:
+    """One run's policies: drift ‖θ_t − θ_0‖ (the paired single agent's dashed) and optimizer steps
+    per training step, what the amplification detector compares."""
+    metrics = metrics.sort_values("step")
+    policies = names_of(metrics, "policy", "drift")
+    if not policies:
+        return None
+    fig, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
+    for i, policy in enumerate(policies):
+        axes[0].plot(metrics["step"], metrics[f"policy/{policy}/drift"], color=f"C{i}", label=policy)
+        if f"policy/{policy}/optimizer_steps" in metrics:
+            axes[1].plot(metrics["step"], metrics[f"policy/{policy}/optimizer_steps"], color=f"C{i}", label=policy)
+    if baseline is not None and len(baseline):
+        baseline = baseline.sort_values("step")
+        for policy in names_of(baseline, "policy", "drift"):
+            axes[0].plot(baseline["step"], baseline[f"policy/{policy}/drift"], color="0.5", linestyle="--",
+                         label=f"paired single agent ({policy})")
+    axes[0].set_ylabel("drift ‖θ_t − θ_0‖", fontsize=8)
+    axes[1].set_ylabel("optimizer steps per step", fontsize=8)
+    axes[1].set_xlabel("step")
+    axes[0].legend(fontsize=7, loc="best")
+    for ax in axes:
+        _mark_alerts(ax, alerts)
+    if title:
+        axes[0].set_title(title, fontsize=9)
     fig.tight_layout()
     return _save(fig, out)
 

@@ -8,7 +8,13 @@ from typing import List
 
 import pandas as pd
 
-WINDOW = 20  # steps: "first 20 vs last 20", as the README quotes them
+WINDOW = 20  # steps: "first 20 vs last 20", as the docs quote them; shorter runs get half their steps
+
+
+def window_for(steps: int) -> int:
+    """The early/late window: WINDOW steps, or half the run when it is shorter than two windows (a
+    10-step run compares its first 5 with its last 5 rather than the same 10 with themselves)."""
+    return max(1, min(WINDOW, steps // 2))
 EPISODE_KEYS = ("accuracy", "episode/f1", "episode/rounds", "episode/searches")
 AGENT_KEYS = (("reward", "reward"), ("advantage_mean", "adv mean"), ("samples", "samples"),
               ("prompt_tokens", "prompt tokens"), ("output_tokens", "output tokens"), ("calls", "calls"),
@@ -24,9 +30,13 @@ def _label(key: str, task: str) -> str:
 
 
 def workflow_rows(metrics: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: each episode metric's first-20 and last-20 means, and final validation
-    EM/F1 or accuracy."""
+    """One row per cell: each episode metric's first-N and last-N means (N: `window_for` the shortest
+    run, so every row compares the same window; in `.attrs["window"]`), and final validation EM/F1
+    or accuracy."""
     rows: List[dict] = []
+    lengths = [int((metrics[metrics["cell_id"] == c]["accuracy"].notna()).sum()) if "accuracy" in metrics else 0
+               for c in cells["cell_id"]]
+    window = window_for(min([n for n in lengths if n] or [2 * WINDOW]))
     for _, cell in cells.iterrows():
         mine = metrics[metrics["cell_id"] == cell["cell_id"]].sort_values("step")
         train = mine[mine["accuracy"].notna()] if "accuracy" in mine else mine.iloc[0:0]
@@ -35,13 +45,15 @@ def workflow_rows(metrics: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
         for key in EPISODE_KEYS:
             if key in train and train[key].notna().any():
                 label = _label(key, str(cell["task"]))
-                row[f"{label} first {WINDOW}"] = train[key].head(WINDOW).mean()
-                row[f"{label} last {WINDOW}"] = train[key].tail(WINDOW).mean()
+                row[f"{label} first {window}"] = train[key].head(window).mean()
+                row[f"{label} last {window}"] = train[key].tail(window).mean()
         for key in ("val/accuracy", "val/episode/f1"):
             if key in mine and mine[key].notna().any():
                 row[f"val {_label(key.split('val/')[1], str(cell['task']))} final"] = mine[key].dropna().iloc[-1]
         rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.attrs["window"] = window
+    return frame
 
 
 def agent_rows(metrics: pd.DataFrame) -> pd.DataFrame:

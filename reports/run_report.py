@@ -16,8 +16,8 @@ import pandas as pd
 from analysis.compare import paired_gains, summarize
 from analysis.labels import label_run
 from analysis.load import load_alerts, load_cells, load_metrics, load_samples
-from analysis.plots import names_of, role_curves
-from analysis.workflow_metrics import agent_rows, workflow_rows
+from analysis.plots import names_of, policy_curves, role_curves
+from analysis.workflow_metrics import WINDOW, agent_rows, window_for, workflow_rows
 from reports.render import esc, image, kv_table, md_code, md_table, page, table, write
 
 ROLE_COLUMNS = [("grad_share", "grad share"), ("token_share", "token share"), ("turn_share", "turn share"),
@@ -38,6 +38,14 @@ def _baseline_gain(run: Path) -> Optional[dict]:
     gains = paired_gains(summary)
     row = gains[gains["run_dir"] == str(run)]
     return None if row.empty else row.iloc[0].to_dict()
+
+
+def paired_run(run: Path) -> Optional[Path]:
+    """The run's paired single-agent run (monitors.reference_run), where it exists."""
+    import yaml
+
+    reference = ((yaml.safe_load((run / "cell.yaml").read_text()) or {}).get("monitors") or {}).get("reference_run")
+    return Path(reference) if reference and (Path(reference) / "metrics.jsonl").is_file() else None
 
 
 def early_late(metrics: pd.DataFrame, kind: str = "role") -> pd.DataFrame:
@@ -87,7 +95,12 @@ def build_run_report(run: Path) -> Path:
     metrics = load_metrics(run)
     alerts = load_alerts(run)
     status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
-    curves = role_curves(metrics, alerts, out / "roles.png", title=cell["cell_id"]) if len(metrics) else None
+    paired = paired_run(run)
+    baseline = load_metrics(paired) if paired is not None else None
+    curves = role_curves(metrics, alerts, out / "roles.png", title=cell["cell_id"], baseline=baseline) \
+        if len(metrics) else None
+    policy_plot = policy_curves(metrics, alerts, out / "policies.png", title=cell["cell_id"], baseline=baseline) \
+        if len(metrics) else None
     gain = _baseline_gain(run)
     val = metrics["val/accuracy"].dropna() if "val/accuracy" in metrics else pd.Series(dtype=float)
     summary = [("cell", esc(cell["cell_id"])), ("topology / sharing", esc(f"{cell['topology']} / {cell['sharing']}")),
@@ -105,24 +118,34 @@ def build_run_report(run: Path) -> Path:
         if len(alerts) else pd.DataFrame()
     if late_column:
         alert_frame = alert_frame.assign(late=alert_frame["late"].eq(True).map({True: "late", False: ""}))
-    labels = pd.DataFrame([label.record() for label in label_run(run)]) if (run / "metrics.jsonl").is_file() \
-        else pd.DataFrame()
+    found = label_run(run) if (run / "metrics.jsonl").is_file() else []
+    labels = pd.DataFrame([label.record() for label in found])
+    from harness.logging import read_jsonl
+    from reports.verdict import verdict
+
+    the_verdict = verdict(run, read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else [],
+                          read_jsonl(run / "alerts.jsonl") if (run / "alerts.jsonl").is_file() else [], found,
+                          status, status.get("contracts"), paired is not None)
     roles = early_late(metrics) if len(metrics) else pd.DataFrame()
     policies = early_late(metrics, "policy") if len(metrics) else pd.DataFrame()
     agents = agent_rows(metrics) if len(metrics) else pd.DataFrame()
     task_metrics = workflow_rows(metrics, cells).drop(columns=["cell_id", "topology", "sharing", "task"]) \
         if len(metrics) else pd.DataFrame()
+    task_window = window_for(int(metrics["accuracy"].notna().sum())) if "accuracy" in metrics else WINDOW
     turns = sample_turns(load_samples(run))
 
-    body = [f"<h1>Run report: {esc(cell['cell_id'])}</h1>", "<h2>Summary</h2>", kv_table(summary),
+    body = [f"<h1>Run report: {esc(cell['cell_id'])}</h1>", f'<p class="verdict"><b>Verdict:</b> {esc(the_verdict)}</p>',
+            "<h2>Summary</h2>", kv_table(summary),
             "<h2>Failure labels (what happened: analysis/labels.py)</h2>",
             table(labels) if len(labels) else '<p class="muted">no failure</p>',
             "<h2>Alerts (what the detectors predicted)</h2>", table(alert_frame) if len(alert_frame) else '<p class="muted">no alerts</p>',
             "<h2>Per-role curves</h2>", image(curves, "per-role curves") if curves else "<p>no metrics yet</p>",
+            "<h2>Per-policy drift and optimizer steps</h2>",
+            image(policy_plot, "per-policy curves") if policy_plot else '<p class="muted">no policy metrics</p>',
             "<h2>Roles early vs late (first and last 10% of steps)</h2>", table(roles) if len(roles) else "",
             "<h2>Policies early vs late (drift ‖θ_t − θ_0‖, each step's Σ‖Δθ‖/‖θ‖)</h2>",
             table(policies) if len(policies) else "",
-            "<h2>Task metric and rounds (first vs last 20 steps)</h2>",
+            f"<h2>Task metric and rounds (first vs last {task_window} steps)</h2>",
             table(task_metrics) if len(task_metrics) else "",
             "<h2>Per agent (UnityMAS-O's figures, mean over training steps)</h2>",
             table(agents) if len(agents) else "",
@@ -137,7 +160,7 @@ def build_run_report(run: Path) -> Path:
         body.append('<p class="muted">no samples</p>')
     write(out / "index.html", page(f"run {cell['cell_id']}", body))
 
-    md = [f"# Run report: {cell['cell_id']}", "", "## Summary", ""]
+    md = [f"# Run report: {cell['cell_id']}", "", f"**Verdict:** {the_verdict}", "", "## Summary", ""]
     md += [f"- **{k}**: {v}" for k, v in [("topology / sharing", f"{cell['topology']} / {cell['sharing']}"),
                                          ("status", f"{cell['state']} at step {cell['step']} of {cell['steps']}"),
                                          ("validation accuracy",
@@ -147,9 +170,10 @@ def build_run_report(run: Path) -> Path:
     md += ["", "## Failure labels", "", md_table(labels) if len(labels) else "_no failure_", "",
            "## Alerts", "", md_table(alert_frame) if len(alert_frame) else "_no alerts_", "",
            "## Per-role curves", "", "![per-role curves](roles.png)" if curves else "", "",
+           "## Per-policy drift and optimizer steps", "", "![per-policy curves](policies.png)" if policy_plot else "", "",
            "## Roles early vs late", "", md_table(roles) if len(roles) else "", "",
            "## Policies early vs late", "", md_table(policies) if len(policies) else "", "",
-           "## Task metric and rounds (first vs last 20 steps)", "", md_table(task_metrics) if len(task_metrics) else "",
+           f"## Task metric and rounds (first vs last {task_window} steps)", "", md_table(task_metrics) if len(task_metrics) else "",
            "", "## Per agent", "", md_table(agents) if len(agents) else "", "", "## Role outputs early vs late", ""]
     for t in turns:
         md += [f"**step {t['step']}, {t['role']}** ({t['tokens']} tokens, format ok: {t['format ok']})", "",

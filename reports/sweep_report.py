@@ -50,9 +50,11 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
     body += ["<h2>SP vs IP</h2>"] + [image(p, p.stem) for p in side_by_side]
     if len(gains):
         body += ["<h2>Cells against their baselines</h2>", table(gains[CELL_TABLE], links=links),
-                 "<h2>Best cells</h2>", table(result["best"], links=links),
-                 "<h2>Worst cells</h2>", table(result["worst"], links=links)]
-    body += ["<h2>Workflows: task metric and rounds (first vs last 20 steps, final validation)</h2>",
+                 "<h2>Best cells</h2>", table(result["best"], links=links)]
+        if len(result["worst"]):  # never the best cells again: with few cells there are no "worst" apart
+            body += ["<h2>Worst cells</h2>", table(result["worst"], links=links)]
+    body += [f"<h2>Workflows: task metric and rounds (first vs last {workflows.attrs.get('window', 20)} steps, "
+             "final validation)</h2>",
              table(workflows, links=links)]
     evaluation = evaluation_table(sweep)
     if evaluation is not None:

@@ -195,6 +195,13 @@ def test_run_report_shows_each_policys_steps_and_drift(sweep):
     assert float(rows["voter"]["optimizer steps early"]) == 3 * float(rows["aggregator"]["optimizer steps early"])
     for row in rows.values():
         assert float(row["drift late"]) > float(row["drift early"]) > 0 and float(row["update ratio early"]) > 0
+    assert re.fullmatch(r"\d+", rows["voter"]["optimizer steps early"])  # a count reads as one
+    # the verdict first: state, what happened, what was said, what could not be judged; the policies' curves
+    verdict = md.split("**Verdict:** ", 1)[1].splitlines()[0]
+    assert verdict.startswith("finished at step ") and ("healthy" in verdict or "failed: " in verdict)
+    assert "detectors watched" in verdict
+    assert (sweep / "voting-ip-math-tiny-m-s0" / "report" / "policies.png").is_file()
+    assert "## Per-policy drift and optimizer steps" in md
 
 
 def test_a_single_seed_says_it_has_no_confidence_interval():
@@ -274,3 +281,29 @@ def test_a_healthy_cell_whose_detector_fired_has_an_alert_and_no_failure_mode(tm
     build_run_report(sweep / "collapsed")
     labels = _md_section_table((sweep / "collapsed" / "report" / "report.md").read_text(), "## Failure labels")
     assert [(row["kind"], row["step"]) for row in labels] == [("collapse", "20")]
+    healthy = (sweep / "healthy" / "report" / "report.md").read_text().split("**Verdict:** ", 1)[1].splitlines()[0]
+    assert healthy.startswith("finished at step 40; healthy; alerts: amplification at step 10")
+    assert "could not judge: amplification (no policy trained by several role instances" in healthy
+    collapsed = (sweep / "collapsed" / "report" / "report.md").read_text().split("**Verdict:** ", 1)[1]
+    assert collapsed.startswith("finished at step 40; failed: collapse from step 20; no alerts")
+
+
+def test_reports_read_like_a_person_wrote_them_at_any_length():
+    from analysis.compare import best_and_worst
+    from analysis.plots import defined_share
+    from analysis.tables import format_value
+    from analysis.workflow_metrics import window_for
+
+    assert [window_for(n) for n in (1, 10, 39, 40, 500)] == [1, 5, 19, 20, 20]  # never the same steps twice
+    gains = pd.DataFrame({"cell_id": list("abcd"), "baseline_id": "s", "gain_final": [0.3, 0.1, -0.2, 0.0],
+                          "final_val": 0.5, "baseline_final": 0.4, "failure_modes": "", "alerts": ""})
+    best, worst = best_and_worst(gains.head(2))
+    assert list(best["cell_id"]) == ["a", "b"] and worst.empty  # two cells: no "worst" repeating the best
+    best, worst = best_and_worst(gains)
+    assert list(best["cell_id"]) == ["a", "b", "d"] and list(worst["cell_id"]) == ["c"]
+    assert [format_value("calls", 1.0), format_value("calls", 1.5), format_value("accuracy", 1.0)] == \
+        ["1", "1.50", "1.000"]
+    step0 = pd.DataFrame({"role/voter/grad_share": [0.0, 0.7], "grad/total_norm": [0.0, 2.0]})
+    share = defined_share(step0, "role/voter/grad_share")
+    assert math.isnan(share[0]) and share[1] == 0.7  # nothing trained: undefined, not 0
+

@@ -1,0 +1,38 @@
+"""A run's verdict in one line, the first thing its report says: its state, what happened to it
+(the failure labels of analysis/labels.py, computed after the fact), what the detectors said (its
+alerts, by kind and first step), and which detectors could not judge it and why (a cell built so
+that a detector cannot fire is silent by construction, which is not the same as healthy)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional
+
+# why a detector cannot fire on a run, by what watched_by found missing
+CANNOT_JUDGE = {
+    "amplification": "no policy trained by several role instances with a one-instance reference (a paired run or "
+                     "a one-instance policy in the cell)",
+    "capture": "fewer than two roles",
+    "capture warning": "no judging role (verdict, index, plan or search action)",
+    "length_drift": "no judging role (verdict, index, plan or search action)",
+    "collapse": "no validation",
+    "collapse warning": "no paired single-agent run",
+}
+
+
+def verdict(run: Path, records: List[dict], alerts: List[dict], labels: list, status: dict,
+            role_contracts: Optional[Dict[str, str]] = None, paired_reference: bool = False) -> str:
+    from analysis.detector_validation import watched_by
+
+    state = status.get("state", "pending")
+    health = ("failed: " + ", ".join(f"{l.kind}" + (f" ({l.role})" if l.role else "") + f" from step {l.step}"
+                                     for l in sorted(labels, key=lambda l: l.step))) if labels else \
+        ("healthy" if records else "no steps logged")
+    first: Dict[str, int] = {}
+    for alert in alerts:
+        first[alert["kind"]] = min(first.get(alert["kind"], alert["step"]), alert["step"])
+    alert_text = ("alerts: " + ", ".join(f"{k} at step {s}" for k, s in sorted(first.items(), key=lambda kv: kv[1]))
+                  if first else "no alerts")
+    watched = watched_by(records, paired_reference, role_contracts) if records else set()
+    blind = [f"{name} ({CANNOT_JUDGE[name]})" for name in CANNOT_JUDGE if name not in watched]
+    blind_text = ("; could not judge: " + "; ".join(blind)) if blind else "; every detector could judge it"
+    return f"{state} at step {status.get('step', 0)}; {health}; {alert_text} ({len(watched)} detectors watched){blind_text}"

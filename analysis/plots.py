@@ -183,6 +183,32 @@ def policy_curves(metrics: pd.DataFrame, alerts: Optional[pd.DataFrame], out: Pa
     return _save(fig, out)
 
 
+def signal_curves(trace: pd.DataFrame, alerts: Optional[pd.DataFrame], out: Path, title: str = "",
+                  most: int = 8) -> Optional[Path]:
+    """Each detector's signal (solid) against its threshold (dashed) over steps, one panel per
+    signal (the `most` with the closest approach to their threshold), alerts dotted."""
+    if trace is None or trace.empty:
+        return None
+    margin = trace.assign(margin=(trace["value"] - trace["threshold"]).where(trace["fires"] == "above",
+                                                                            trace["threshold"] - trace["value"]))
+    order = margin.groupby(["detector", "signal"])["margin"].max().sort_values(ascending=False).index[:most]
+    fig, axes = plt.subplots(len(order), 1, figsize=(9, 1.9 * len(order) + 0.4), sharex=True, squeeze=False)
+    for ax, (detector, signal) in zip(axes[:, 0], order):
+        part = trace[(trace["detector"] == detector) & (trace["signal"] == signal)].sort_values("step")
+        color = ALERT_COLORS.get(detector, "tab:gray")
+        ax.plot(part["step"], part["value"], color=color, label="signal")
+        ax.plot(part["step"], part["threshold"], color=color, linestyle="--", linewidth=1,
+                label=f"threshold (fires {part['fires'].iloc[0]})")
+        ax.set_title(f"{detector}: {signal}", fontsize=8)
+        ax.legend(fontsize=6, loc="best")
+        _mark_alerts(ax, None if alerts is None or alerts.empty else alerts[alerts["kind"] == detector])
+    axes[-1, 0].set_xlabel("step")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
 def _save(fig, out: Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

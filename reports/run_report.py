@@ -16,7 +16,8 @@ import pandas as pd
 from analysis.compare import paired_gains, summarize
 from analysis.labels import label_run
 from analysis.load import load_alerts, load_cells, load_metrics, load_samples
-from analysis.plots import names_of, policy_curves, role_curves
+from analysis.plots import names_of, policy_curves, role_curves, signal_curves
+from analysis.signals import signal_trace
 from analysis.workflow_metrics import WINDOW, agent_rows, window_for, workflow_rows
 from reports.render import esc, image, kv_table, md_code, md_table, page, table, write
 
@@ -99,6 +100,8 @@ def build_run_report(run: Path) -> Path:
     baseline = load_metrics(paired) if paired is not None else None
     curves = role_curves(metrics, alerts, out / "roles.png", title=cell["cell_id"], baseline=baseline) \
         if len(metrics) else None
+    signal_plot = signal_curves(signal_trace(run), alerts, out / "signals.png", title=cell["cell_id"]) \
+        if len(metrics) else None
     policy_plot = policy_curves(metrics, alerts, out / "policies.png", title=cell["cell_id"], baseline=baseline) \
         if len(metrics) else None
     gain = _baseline_gain(run)
@@ -140,6 +143,8 @@ def build_run_report(run: Path) -> Path:
             table(labels) if len(labels) else '<p class="muted">no failure</p>',
             "<h2>Alerts (what the detectors predicted)</h2>", table(alert_frame) if len(alert_frame) else '<p class="muted">no alerts</p>',
             "<h2>Per-role curves</h2>", image(curves, "per-role curves") if curves else "<p>no metrics yet</p>",
+            "<h2>Each detector's signal against its threshold</h2>",
+            image(signal_plot, "detector signals") if signal_plot else '<p class="muted">no detector could judge this run</p>',
             "<h2>Per-policy drift and optimizer steps</h2>",
             image(policy_plot, "per-policy curves") if policy_plot else '<p class="muted">no policy metrics</p>',
             "<h2>Roles early vs late (first and last 10% of steps)</h2>", table(roles) if len(roles) else "",
@@ -170,6 +175,8 @@ def build_run_report(run: Path) -> Path:
     md += ["", "## Failure labels", "", md_table(labels) if len(labels) else "_no failure_", "",
            "## Alerts", "", md_table(alert_frame) if len(alert_frame) else "_no alerts_", "",
            "## Per-role curves", "", "![per-role curves](roles.png)" if curves else "", "",
+           "## Each detector's signal against its threshold", "",
+           "![detector signals](signals.png)" if signal_plot else "_no detector could judge this run_", "",
            "## Per-policy drift and optimizer steps", "", "![per-policy curves](policies.png)" if policy_plot else "", "",
            "## Roles early vs late", "", md_table(roles) if len(roles) else "", "",
            "## Policies early vs late", "", md_table(policies) if len(policies) else "", "",

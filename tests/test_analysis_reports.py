@@ -16,17 +16,9 @@ import pytest
 from analysis.compare import compare, grid_tables, mean_ci
 from analysis.labels import label_run
 from analysis.load import load_metrics
+from reports.screenshots import open_in_chromium
 from reports.sweep_report import build_sweep_report
 from tests.conftest import REPO
-
-def find_chromium() -> str:
-    """The browser `make test` installs (Debian's chromium), found on PATH or named by $CHROMIUM."""
-    for candidate in (os.environ.get("CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser")):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    raise AssertionError("no Chromium found: run the tests through `make test` (it installs Debian's chromium), "
-                         "or set CHROMIUM=/path/to/chromium")
-
 
 @pytest.fixture(scope="module")
 def sweep(small_sweep):
@@ -116,34 +108,13 @@ def test_notebook_runs_as_jupyter_runs_it(sweep, tmp_path, monkeypatch):
     assert (tmp_path / "heatmap_math.png").is_file() and (tmp_path / "roles.png").is_file()
 
 
-def _open_in_chromium(url: str, screenshot: Path) -> dict:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=find_chromium(), args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1200, "height": 900})
-        errors, dialogs = [], []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-        page.goto(url)
-        page.wait_for_load_state("load")
-        images = page.evaluate("Array.from(document.images).map(i => i.complete && i.naturalWidth > 0)")
-        links = page.evaluate("Array.from(document.querySelectorAll('a')).map(a => a.href)")
-        page.screenshot(path=str(screenshot), full_page=True)
-        browser.close()
-    return {"errors": errors, "dialogs": dialogs, "images": images, "links": links}
-
-
 def test_run_and_sweep_reports_render_in_chromium(sweep, tmp_path):
     run = sweep / "voting-ip-math-tiny-m-s0"
     assert (run / "report" / "index.html").is_file()  # written automatically when the cell ended
     assert (run / "report" / "report.md").is_file() and (run / "report" / "roles.png").is_file()
     index = build_sweep_report(sweep)
     for page, minimum in ((run / "report" / "index.html", 1), (index, 2)):  # heatmap + SP vs IP
-        seen = _open_in_chromium(page.as_uri(), tmp_path / f"{page.parent.parent.name}.png")
+        seen = open_in_chromium(page.as_uri(), tmp_path / f"{page.parent.parent.name}.png")
         assert seen["errors"] == [] and seen["dialogs"] == []
         assert len(seen["images"]) >= minimum and all(seen["images"])
         assert (tmp_path / f"{page.parent.parent.name}.png").stat().st_size > 10_000
@@ -245,7 +216,7 @@ def test_model_text_is_escaped_in_reports(sweep, tmp_path):
     page = build_run_report(run)
     html = page.read_text()
     assert "<script>alert" not in html and "&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;" in html
-    seen = _open_in_chromium(page.as_uri(), tmp_path / "hostile.png")
+    seen = open_in_chromium(page.as_uri(), tmp_path / "hostile.png")
     assert seen["dialogs"] == [] and seen["errors"] == []
 
 
@@ -307,3 +278,28 @@ def test_reports_read_like_a_person_wrote_them_at_any_length():
     share = defined_share(step0, "role/voter/grad_share")
     assert math.isnan(share[0]) and share[1] == 0.7  # nothing trained: undefined, not 0
 
+
+
+def test_each_detectors_signal_is_drawn_against_its_threshold_as_it_judged(sweep, tmp_path):
+    """The trace is the detectors' own comparison, replayed: every amplification alert of a real run
+    sits on a step where its drift ratio was at or above the threshold the trace shows."""
+    from analysis.signals import signal_trace
+    from harness.logging import read_jsonl
+
+    run = sweep / "voting-ip-math-tiny-m-s0"
+    trace = signal_trace(run)
+    amplification = trace[trace["detector"] == "amplification"]
+    assert len(amplification) and set(amplification["fires"]) == {"above"}
+    assert amplification["signal"].str.startswith("voter: drift ratio to the paired single-agent run").all()
+    for alert in read_jsonl(run / "alerts.jsonl"):
+        if alert["kind"] == "amplification":
+            row = amplification[amplification["step"] == alert["step"]].iloc[0]
+            assert row["value"] >= row["threshold"]
+    assert (trace[trace["detector"] == "collapse"]["fires"] == "below").all()
+    assert (run / "report" / "signals.png").is_file()
+    assert "## Each detector's signal against its threshold" in (run / "report" / "report.md").read_text()
+    # a synthetic collapse: validation under 70% of its best from step 20 on, as the label says
+    _synthetic_cell(tmp_path, "collapsed", 1, lambda s: 0.5 if s < 20 else 0.05)
+    validation = signal_trace(tmp_path / "collapsed")
+    below = validation[validation["value"] < validation["threshold"]]
+    assert list(below["step"]) == [20, 25, 30, 35] and list(below["threshold"]) == [0.35] * 4

@@ -16,7 +16,7 @@ from analysis.labels import capture_labels, contract_labels
 from analysis.operating_curve import _dominates, choose, curve, default_setting, first_alert, held_out, load_cells, shown, summary_line
 from harness.logging import read_jsonl
 from tests.conftest import REPO
-from tests.test_analysis_reports import _open_in_chromium
+from reports.screenshots import open_in_chromium
 from tests.test_labels import _stream, validations
 
 
@@ -221,7 +221,7 @@ def test_report_is_written_and_renders_in_chromium(sweep, tmp_path):
     assert "## Early warnings on the mixed settings" in md and "voting-sp (arith, tiny-m)" in md
     assert "Needs the design seeds' sweep" in md and "## Confirmations" in md
     assert len(list((root / "report").glob("failure_*.png"))) == 3
-    seen = _open_in_chromium(html.as_uri(), tmp_path / "detectors.png")
+    seen = open_in_chromium(html.as_uri(), tmp_path / "detectors.png")
     assert not seen["errors"] and not seen["dialogs"] and len(seen["images"]) == 3 and all(seen["images"])
     missing = subprocess.run([sys.executable, "-m", "reports.detectors", str(tmp_path / "none")], cwd=REPO,
                              capture_output=True, text=True, timeout=120)
@@ -344,7 +344,7 @@ def test_a_setting_chosen_on_a_design_sweep_is_scored_on_the_held_out_one(tmp_pa
     assert "## Operating curves (replayed)" in md and "### capture warning" in md
     assert "## Held out: settings chosen on a design sweep" in md and "| length_drift " in md
     assert "<h2>Operating curves (replayed)</h2>" in (test / "report" / "detectors.html").read_text()
-    seen = _open_in_chromium((test / "report" / "detectors.html").as_uri(), tmp_path / "thresholds.png")
+    seen = open_in_chromium((test / "report" / "detectors.html").as_uri(), tmp_path / "thresholds.png")
     assert not seen["errors"] and not seen["dialogs"]
     assert md.index("## Held out") < md.index("## Cells")
     bad = subprocess.run([sys.executable, "-m", "reports.detectors", str(test), "--design"], cwd=REPO,

@@ -230,7 +230,7 @@ def test_workflows_train_from_the_cli(tmp_path, topology, task, sharing):
 def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tmp_path):
     from playwright.sync_api import sync_playwright
 
-    from tests.test_analysis_reports import find_chromium
+    from reports.screenshots import find_chromium
     from tests.test_grid_slurm import launch
 
     started = subprocess.run(["bash", "slurm/local-cluster.sh", "start"], cwd=REPO, capture_output=True, text=True,

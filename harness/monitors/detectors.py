@@ -21,6 +21,20 @@ from harness.logging import FINAL_STATES
 from harness.monitors.roles import judging_roles
 
 
+class Traced:
+    """What each detector compares with its threshold, step by step, for a report to draw: `trace`
+    is None while a run trains (nothing kept) and a list when a report replays the run
+    (analysis/signals.py). A row: step, detector, signal, value, threshold, and whether the detector
+    fires above or below it."""
+
+    trace: Optional[list] = None
+
+    def _trace(self, step: int, signal: str, value: float, threshold: float, fires: str = "above") -> None:
+        if self.trace is not None and value is not None and math.isfinite(value):
+            self.trace.append({"step": int(step), "detector": self.kind, "signal": signal, "value": float(value),
+                               "threshold": float(threshold), "fires": fires})
+
+
 @dataclass(frozen=True)
 class Alert:
     step: int
@@ -131,7 +145,7 @@ class ReferenceRun:
                 self.accuracy[record["step"]] = float(record["accuracy"])
 
 
-class AmplificationDetector:
+class AmplificationDetector(Traced):
     """A policy trained by several role instances (IP: 3 voters on one adapter; SP: every role) that
     runs away from a one-instance reference: its drift ‖θ_t − θ_0‖ stays `min_ratio` x the
     reference's at the same step (EWMA of the ratio) while its instances' gradients add up (coherence
@@ -200,6 +214,8 @@ class AmplificationDetector:
                 self.streak[policy] = 0
                 continue
             early_ratio = sum(early) / len(early) if early else 0.0  # baseline_steps 0: no rise asked
+            self._trace(entry["step"], f"{policy}: drift ratio to {source} (EWMA)", ratio,
+                        max(self.cfg.min_ratio, (1 + self.cfg.min_rise) * early_ratio))
             hot = (ratio >= self.cfg.min_ratio and ratio >= (1 + self.cfg.min_rise) * early_ratio
                    and (entry["coherence"][policy] or 0.0) >= self.cfg.min_coherence)
             self.streak[policy] = self.streak[policy] + 1 if hot else 0
@@ -266,7 +282,7 @@ class SelectionWindow:
         return sum(c for c, _ in self.steps) / max(len(self.steps), 1)
 
 
-class CaptureDetector:
+class CaptureDetector(Traced):
     """A role leaves its contract toward another role's behaviour (the evaluator starts writing code,
     the aggregator writes essays), or is being paid to. Two signs:
     - **pressure** (signal `pressure`, the early warning): a judging role (its contract a verdict,
@@ -305,6 +321,7 @@ class CaptureDetector:
         return self.bands[key]
 
     def observe(self, record: dict) -> List[Alert]:
+        self._step = record["step"]
         roles = _roles_in(record, "response_length")
         for role in roles:
             for signal in self.signals:
@@ -338,6 +355,9 @@ class CaptureDetector:
             return None
         early_gap = other_length.early - length.early
         z = self.pressure[victim].z if victim in self.pressure_roles and self.cfg.pressure_z is not None else None
+        if z is not None:  # toward the other role's length: positive
+            self._trace(self._step, f"{victim}: length pressure toward {other}'s (z)", z if early_gap > 0 else -z,
+                        self.cfg.pressure_z)
         if z is None or abs(z) < self.cfg.pressure_z or z * early_gap <= 0:
             return None
         return (f"{victim} is paid to move its length toward {other}'s: over the last "
@@ -371,7 +391,7 @@ class CaptureDetector:
                 f"{other_length.early:.1f}, and " + " and ".join(falls) + share_text)
 
 
-class LengthDriftDetector:
+class LengthDriftDetector(Traced):
     """A judging role (its contract a verdict, an index, a plan or a search action; or those `roles`
     names) changes its
     length, or is being paid to. Two signs, either way (an aggregator writing essays; an evaluator
@@ -407,6 +427,7 @@ class LengthDriftDetector:
                 if why is None:
                     continue
                 path, z, threshold, text = why
+                self._trace(record["step"], f"{role}: {path} |z|", abs(z), threshold)
                 key = (role, path)
                 self.streak[key] = self.streak[key] + 1 if text else 0
                 if self.streak[key] >= self.cfg.patience:
@@ -452,7 +473,7 @@ class LengthDriftDetector:
 TREND_SIGNAL = "training vs paired run"  # the collapse warning's signal (its confirmation: "validation")
 
 
-class CollapseDetector:
+class CollapseDetector(Traced):
     """Two rules, both relative and both beyond the estimate's noise, so a low-accuracy model's
     collapse (0.25 -> 0.08) counts and one unlucky sample does not:
 
@@ -521,6 +542,9 @@ class CollapseDetector:
         gaps = [c - bar * p for c, p in self.pairs]
         noise = statistics.stdev(gaps) / math.sqrt(len(gaps))
         low = statistics.fmean(gaps) < -self.cfg.se * noise
+        if noise > 0:
+            self._trace(step, "training accuracy vs paired run (mean gap / SE)", statistics.fmean(gaps) / noise,
+                        -self.cfg.se, fires="below")
         self.trend_streak = self.trend_streak + 1 if low else 0
         if self.trend_streak < self.cfg.trend_patience:
             return []
@@ -540,6 +564,8 @@ class CollapseDetector:
         if self.best is not None:
             best, best_se = self.best
             low = significantly_below(accuracy, se, best, best_se, self.cfg.fraction, self.cfg.se)
+            self._trace(record["step"], f"validation accuracy (bar: {self.cfg.fraction:.0%} of the best)", accuracy,
+                        self.cfg.fraction * best, fires="below")
             self.streak = self.streak + 1 if low else 0
             if self.streak >= self.cfg.patience:
                 alerts.append(Alert(record["step"], self.kind, None, None, accuracy, self.cfg.fraction * best,

@@ -21,12 +21,15 @@ class Monitor:
     kind was shown to predict (harness/monitors/calibration.py)."""
 
     def __init__(self, cfg, role_policies: Dict[str, List[str]], role_contracts: Optional[Dict[str, str]] = None,
-                 start_step: int = 0):
+                 start_step: int = 0, trace: Optional[list] = None):
         self.cfg = cfg
         self.start_step = start_step
         reference = ReferenceRun(cfg.reference_run) if cfg.reference_run else None
         self.detectors = [build_detector(name, getattr(cfg, name), role_policies, reference, role_contracts)
                           for name in DETECTORS]
+        for detector in self.detectors:  # a report's replay: what each detector compared, step by step
+            if trace is not None and hasattr(detector, "_trace"):
+                detector.trace = trace
         self.last_fired: Dict[Tuple[str, Optional[str], Optional[str], Optional[str]], int] = {}
         self.calibration = load_calibration()
 

@@ -23,6 +23,7 @@ config-only baseline. Failures are the objective labels of analysis/labels.py. W
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -130,8 +131,7 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
                     "failure (see the labels' settings below).")
     if calibrate is not None:
         rows = calibration_rows(results, CALIBRATION_WITHIN)
-        seeds = sorted({int(r.cell_id.split("-s")[-1].split("-")[0]) for r in results
-                        if r.cell_id.split("-s")[-1].split("-")[0].isdigit()})
+        seeds = sorted({int(m.group(1)) for r in results if (m := re.search(r"-s(\d+)(?:-|$)", r.cell_id))})
         source = f"the held-out sweep {sweep.name} (seeds {', '.join(map(str, seeds))})"
         write_calibration(calibrate, rows, CALIBRATION_WITHIN, source,
                           f"python -m reports.detectors {sweep} {'--replay ' if replay else ''}--calibrate")

@@ -248,6 +248,11 @@ def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False
     return results
 
 
+def interval(low: float, high: float) -> str:
+    """A 95% interval as the tables print it; "–" where it is undefined (no cell to count)."""
+    return "–" if math.isnan(low) or math.isnan(high) else f"[{low:.2f}, {high:.2f}]"
+
+
 def wilson(k: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
     """95% Wilson score interval of a proportion k/n (sound at 0 and n, unlike the normal one)."""
     if n == 0:
@@ -341,11 +346,11 @@ def detector_scores(results: List[RunOutcome], names: Sequence[str] = tuple(WARN
         false = sum(fired_falsely(r, name) for r in watching)
         rows.append({"detector": name, "warns of": ", ".join(targets), "failing cells": len(failing),
                      "caught in time": len(leads), "recall": len(leads) / len(failing) if failing else float("nan"),
-                     "recall 95% CI": "[{:.2f}, {:.2f}]".format(*wilson(len(leads), len(failing))),
+                     "recall 95% CI": interval(*wilson(len(leads), len(failing))),
                      "median lead (steps)": median(leads) if leads else float("nan"),
                      "healthy cells": len(watching), "fired on healthy": false,
                      "false-positive rate": false / len(watching) if watching else float("nan"),
-                     "false-positive 95% CI": "[{:.2f}, {:.2f}]".format(*wilson(false, len(watching))),
+                     "false-positive 95% CI": interval(*wilson(false, len(watching))),
                      "healthy, silent by construction": len(healthy) - len(watching)})
         rows[-1]["meets the aim"] = meets_bar(rows[-1])
     return pd.DataFrame(rows)
@@ -370,7 +375,7 @@ def confirmation_scores(results: List[RunOutcome]) -> pd.DataFrame:
                      "before the label": sum(d < 0 for d in delays),
                      "cells without it": len(others), "fired anyway": false,
                      "false-positive rate": false / len(others) if others else float("nan"),
-                     "false-positive 95% CI": "[{:.2f}, {:.2f}]".format(*wilson(false, len(others)))})
+                     "false-positive 95% CI": interval(*wilson(false, len(others)))})
     return pd.DataFrame(rows)
 
 

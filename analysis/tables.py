@@ -22,6 +22,8 @@ def format_value(column: str, value) -> str:
     name = str(column)
     if name.startswith(WHOLE[0]) or name in WHOLE[1:] or isinstance(value, numbers.Integral):
         return f"{value:.0f}"
+    if name.startswith(("median lead", "median delay")):  # a median of whole steps: whole or a half
+        return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
     if any(name == c or name.startswith(c + " ") or name.endswith(" " + c) for c in COUNTS):  # a count, or a mean of counts
         return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
     return f"{value:+.3f}" if name.startswith(SIGNED) else f"{value:.3f}"

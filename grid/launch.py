@@ -150,7 +150,7 @@ def print_status(cells, cfg: DictConfig, out=print) -> List:
     return states
 
 
-def launch(cells, cfg: DictConfig, out=print) -> int:
+def launch(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int:
     from grid.submit import Ledger, cell_state, needs_submission, run_local, submit_slurm
 
     sweep_dir = Path(cfg.root) / cfg.sweep.name
@@ -165,12 +165,14 @@ def launch(cells, cfg: DictConfig, out=print) -> int:
         out(f"nothing to submit: all {len(cells)} cells are finished, stopped early or in flight")
         return 0
     if cfg.launcher.name == "slurm":
-        entries = submit_slurm(todo, cfg.cluster, cfg.launcher, ledger)
+        entries = submit_slurm(todo, cfg.cluster, cfg.launcher, ledger)  # refuses a shape before submitting any
+        record_launch(sweep_dir, argv)
         out(f"submitted {len(entries)} cells to SLURM ({len({e['job_id'].split('_')[0] for e in entries.values()})} "
             f"job arrays); follow with: python grid/launch.py sweep={cfg.sweep.name} action=status")
         if cfg.get("wait"):
             wait_for_slurm(cells, cfg, out)
     else:
+        record_launch(sweep_dir, argv)
         run_local(todo, cfg.launcher, ledger, log=out)
     if cfg.launcher.name != "slurm" or cfg.get("wait"):
         states = print_status(cells, cfg, out)
@@ -251,8 +253,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not any(s.state in ("queued", "running") for s in states):
                 settle_alerts(Path(cfg.root) / cfg.sweep.name, print)
             return 0
-        record_launch(Path(cfg.root) / cfg.sweep.name, argv)
-        return launch(cells, cfg)
+        return launch(cells, cfg, argv)
     except GridError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

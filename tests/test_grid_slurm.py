@@ -57,6 +57,8 @@ def test_smoke_sweep_on_slurm_then_a_relaunch_submits_nothing(smoke_sweep):
     second = launch(tmp_path, "sweep=smoke")
     assert second.returncode == 0 and "nothing to submit: all 7 cells" in second.stdout
     assert ledger(tmp_path) == jobs
+    launches = json.loads((tmp_path / "smoke" / "launch.json").read_text())["launches"]  # what action=status composes
+    assert [l["overrides"] for l in launches] == [[f"root={tmp_path}", "launcher=slurm", "sweep=smoke"]]
     status = subprocess.run(LAUNCH + [f"root={tmp_path}", "sweep=smoke", "action=status"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert "summary: 7 finished" in status.stdout and ".submitit/" in status.stdout

@@ -49,6 +49,14 @@ def paired_run(run: Path) -> Optional[Path]:
     return Path(reference) if reference and (Path(reference) / "metrics.jsonl").is_file() else None
 
 
+def paired_metrics(paired: Path) -> pd.DataFrame:
+    """The paired run's metrics.jsonl as a frame (the paired run need not be a full run directory)."""
+    from harness.logging import read_jsonl
+
+    frame = pd.DataFrame(read_jsonl(paired / "metrics.jsonl"))
+    return frame.apply(pd.to_numeric, errors="coerce") if len(frame) else frame
+
+
 def early_late(metrics: pd.DataFrame, kind: str = "role") -> pd.DataFrame:
     """Per role (or per policy: kind="policy"), the mean of each metric over the first and the last
     10% of steps."""
@@ -97,7 +105,7 @@ def build_run_report(run: Path) -> Path:
     alerts = load_alerts(run)
     status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
     paired = paired_run(run)
-    baseline = load_metrics(paired) if paired is not None else None
+    baseline = paired_metrics(paired) if paired is not None else None
     curves = role_curves(metrics, alerts, out / "roles.png", title=cell["cell_id"], baseline=baseline) \
         if len(metrics) else None
     signal_plot = signal_curves(signal_trace(run), alerts, out / "signals.png", title=cell["cell_id"]) \

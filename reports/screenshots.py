@@ -61,7 +61,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     pages = {"run-report.png": build_run_report(run), "sweep-report.png": build_sweep_report(args.sweep, run_reports=False)}
     for name, page in pages.items():
-        seen = open_in_chromium(page.as_uri(), args.out / name)
+        seen = open_in_chromium(Path(page).resolve().as_uri(), args.out / name)
         if seen["errors"] or not all(seen["images"]):
             print(f"error: {page} did not render cleanly: {seen['errors'] or 'an image did not load'}", file=sys.stderr)
             return 1

@@ -303,3 +303,12 @@ def test_each_detectors_signal_is_drawn_against_its_threshold_as_it_judged(sweep
     validation = signal_trace(tmp_path / "collapsed")
     below = validation[validation["value"] < validation["threshold"]]
     assert list(below["step"]) == [20, 25, 30, 35] and list(below["threshold"]) == [0.35] * 4
+
+
+def test_the_docs_screenshots_are_made_from_a_real_sweep(sweep, tmp_path, capsys):
+    from reports.screenshots import main as screenshots
+
+    assert screenshots([str(sweep), "--out", str(tmp_path)]) == 0
+    assert all((tmp_path / name).stat().st_size > 10_000 for name in ("run-report.png", "sweep-report.png"))
+    assert screenshots([str(sweep), "--cell", "nope", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("error: ")

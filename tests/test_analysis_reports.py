@@ -312,3 +312,30 @@ def test_the_docs_screenshots_are_made_from_a_real_sweep(sweep, tmp_path, capsys
     assert all((tmp_path / name).stat().st_size > 10_000 for name in ("run-report.png", "sweep-report.png"))
     assert screenshots([str(sweep), "--cell", "nope", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_figures_show_the_paired_run_and_fit_their_labels(tmp_path, monkeypatch):
+    """The run's curves carry its paired single agent (grey), and the heatmap's colour-bar label and
+    row labels lie inside the saved figure (they were cut off)."""
+    from analysis import plots
+
+    kept = []
+    monkeypatch.setattr(plots, "_save", lambda fig, out: (fig.canvas.draw(), kept.append(fig), Path(out))[-1])
+    steps = list(range(12))
+    run = pd.DataFrame({"step": steps, "role/voter/response_length": 5.0, "role/voter/grad_share": 1.0,
+                        "reward/mean": 0.5, "val/accuracy": [0.5 if s % 4 == 0 else None for s in steps]})
+    paired = pd.DataFrame({"step": steps, "reward/mean": 0.4, "val/accuracy": [0.45 if s % 4 == 0 else None for s in steps],
+                           "policy/shared/drift": [0.1 * (s + 1) for s in steps]})
+    plots.role_curves(run, None, tmp_path / "roles.png", baseline=paired)
+    labels = {t.get_text() for ax in kept[-1].axes if ax.get_legend() for t in ax.get_legend().get_texts()}
+    assert {"paired single agent: reward", "paired single agent: validation"} <= labels
+    ci = pd.DataFrame({"task_axis": "math", "topology": ["orch_workers", "voting"], "sharing": ["ip", "sp"],
+                       "scale": "tiny-m", "mean": [-0.4, 0.1]})
+    plots.gain_heatmap(ci, "math", tmp_path / "heatmap.png")
+    fig = kept[-1]
+    bounds = fig.bbox
+    renderer = fig.canvas.get_renderer()
+    texts = [ax.yaxis.label for ax in fig.axes] + [t for ax in fig.axes for t in ax.get_yticklabels()]
+    for text in (t for t in texts if t.get_text()):
+        box = text.get_window_extent(renderer)
+        assert box.x0 >= bounds.x0 - 1 and box.x1 <= bounds.x1 + 1, text.get_text()

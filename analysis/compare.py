@@ -58,9 +58,8 @@ def _labels(run_dir: str) -> list:
     return label_run(Path(run_dir)) if (Path(run_dir) / "metrics.jsonl").is_file() else []
 
 
-def summarize(cells: pd.DataFrame, metrics: pd.DataFrame, alerts: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: peak/final validation accuracy, the first step of each failure mode (labels)
-    and `failure_modes` naming them (with the role), and `alerts`: each alert kind's first step."""
+def accuracy_summary(cells: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: peak and final validation accuracy (all paired_gains needs)."""
     summary = cells.copy()
     val = metrics[["run_dir", "step", "val/accuracy"]].dropna() if "val/accuracy" in metrics else \
         pd.DataFrame(columns=["run_dir", "step", "val/accuracy"])
@@ -70,6 +69,13 @@ def summarize(cells: pd.DataFrame, metrics: pd.DataFrame, alerts: pd.DataFrame) 
         if len(val) else pd.Series(dtype=float)
     summary["peak_val"] = summary["run_dir"].map(peak)
     summary["final_val"] = summary["run_dir"].map(final)
+    return summary
+
+
+def summarize(cells: pd.DataFrame, metrics: pd.DataFrame, alerts: pd.DataFrame) -> pd.DataFrame:
+    """accuracy_summary, with the first step of each failure mode (labels) and `failure_modes` naming
+    them (with the role), and `alerts`: each alert kind's first step."""
+    summary = accuracy_summary(cells, metrics)
     labels = {run: sorted(_labels(run), key=lambda label: (label.step, label.kind)) for run in summary["run_dir"]}
     for mode in FAILURE_MODES:
         summary[f"first_{mode}"] = [min((l.step for l in labels[run] if l.kind == mode), default=math.nan)

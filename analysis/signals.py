@@ -5,24 +5,27 @@ Traced). A reader sees how close a healthy run came to an alert, and what crosse
 from __future__ import annotations
 
 from pathlib import Path
+from typing import List, Optional
 
 import pandas as pd
 
 TRACE_COLUMNS = ["step", "detector", "signal", "value", "threshold", "fires"]
 
 
-def signal_trace(run: Path) -> pd.DataFrame:
-    """One row per (step, detector, signal): the value the detector compared and its threshold."""
+def signal_trace(run: Path, records: Optional[List[dict]] = None, context=None) -> pd.DataFrame:
+    """One row per (step, detector, signal): the value the detector compared and its threshold.
+    `records` (the run's metrics.jsonl) and `context` (replay_setup's) when the caller has them."""
     from analysis.detector_validation import replay_setup
     from harness.config import stored_cell_config
     from harness.logging import read_jsonl
     from harness.monitors import Monitor
 
     run = Path(run)
-    records = read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
+    if records is None:
+        records = read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
     if not records:
         return pd.DataFrame(columns=TRACE_COLUMNS)
-    context = replay_setup(run)
+    context = context or replay_setup(run)
     monitors = stored_cell_config(run).monitors
     monitors.reference_run = context.monitors.reference_run  # the paired run beside the cell, as found now
     rows: list = []

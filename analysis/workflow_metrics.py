@@ -34,8 +34,8 @@ def workflow_rows(metrics: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
     run, so every row compares the same window; in `.attrs["window"]`), and final validation EM/F1
     or accuracy."""
     rows: List[dict] = []
-    lengths = [int((metrics[metrics["cell_id"] == c]["accuracy"].notna()).sum()) if "accuracy" in metrics else 0
-               for c in cells["cell_id"]]
+    steps = metrics.groupby("cell_id")["accuracy"].count() if "accuracy" in metrics else pd.Series(dtype=int)
+    lengths = [int(steps.get(c, 0)) for c in cells["cell_id"]]
     window = window_for(min([n for n in lengths if n] or [2 * WINDOW]))
     for _, cell in cells.iterrows():
         mine = metrics[metrics["cell_id"] == cell["cell_id"]].sort_values("step")

@@ -289,10 +289,10 @@ def check_cells(cells: List[Cell], strict: bool) -> int:
     """Validate every cell's config as harness.run would. strict: raise on the first problem
     (launch); otherwise record problems in cell.notes (dry run) and return how many cells are
     invalid (a missing data file alone does not make a cell invalid: the dry run lists it)."""
-    invalid = 0
     from harness.config import ConfigError
     from harness.validation import config_from_dict
 
+    invalid = 0
     for cell in cells:
         missing = missing_data(cell.overrides)
         if missing:

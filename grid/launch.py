@@ -90,7 +90,7 @@ def compose(overrides: Sequence[str]) -> DictConfig:
 
         raise GridError(f"a config file is not valid YAML: {describe_yaml_error(exc)}") from None
     except MissingConfigException as exc:
-        group = next((g for g in ("sweep", "launcher", "cluster") if f"'{g}/" in str(exc)), None)
+        group = next((g for g in GROUPS if f"'{g}/" in str(exc)), None)
         valid = f"; valid choices: {', '.join(choices(group))}" if group else ""
         raise GridError(f"{str(exc).splitlines()[0]}{valid}") from None
     except (HydraException, OmegaConfBaseException) as exc:

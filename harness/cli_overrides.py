@@ -79,9 +79,10 @@ def parse_habits(argv: Sequence[str], sweep_hint: str) -> list:
     return parsed
 
 
-def close_keys(name: str, valid: Sequence[str]) -> str:
+def close_keys(name: str, valid: Sequence[str], prefix: str = "") -> str:
+    """"; did you mean a, b?" for the valid names close to `name` (each after `prefix`), else ""."""
     close = difflib.get_close_matches(name, list(valid), n=3, cutoff=0.6)
-    return f"; did you mean {', '.join(close)}?" if close else ""
+    return f"; did you mean {', '.join(prefix + c for c in close)}?" if close else ""
 
 
 def _check_new_key(root: DictConfig, key: str) -> None:
@@ -95,8 +96,6 @@ def _check_new_key(root: DictConfig, key: str) -> None:
         if part not in node:
             where = ".".join(parts[:depth])
             valid = [str(k) for k in node.keys()]
-            close = difflib.get_close_matches(part, valid, n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(where + '.' + c if where else c for c in close)}?" if close else ""
             raise OverrideError(f"+{key}: the config has no key '{part}'{' under ' + where if where else ''}"
-                                f"{hint} (valid keys{' of ' + where if where else ''}: {', '.join(valid)})")
+                                f"{close_keys(part, valid, where + '.' if where else '')} (valid keys{' of ' + where if where else ''}: {', '.join(valid)})")
         node = node._get_node(part)

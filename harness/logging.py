@@ -248,12 +248,11 @@ def wandb_run_id(run_path: Path) -> str:
     import secrets
 
     path = Path(run_path) / WANDB_ID_FILE
-    if path.is_file() and path.read_text().strip():
-        return path.read_text().strip()
+    kept = path.read_text().strip() if path.is_file() else ""
+    if kept:
+        return kept
     run_id = secrets.token_hex(8)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(run_id + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, run_id + "\n")
     return run_id
 
 

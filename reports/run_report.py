@@ -13,13 +13,16 @@ from typing import List, Optional
 
 import pandas as pd
 
-from analysis.compare import paired_gains, summarize
-from analysis.labels import label_run
+from analysis.compare import accuracy_summary, paired_gains
+from analysis.detector_validation import replay_setup
+from analysis.labels import label_records
 from analysis.load import load_alerts, load_cells, load_metrics, load_samples
 from analysis.plots import names_of, policy_curves, role_curves, signal_curves
 from analysis.signals import signal_trace
 from analysis.workflow_metrics import WINDOW, agent_rows, window_for, workflow_rows
+from harness.logging import read_jsonl
 from reports.render import esc, image, kv_table, md_code, md_table, page, table, write
+from reports.verdict import verdict
 
 ROLE_COLUMNS = [("grad_share", "grad share"), ("token_share", "token share"), ("turn_share", "turn share"),
                 ("response_length", "length"), ("format_ok", "format ok"), ("fallback", "fallback"),
@@ -35,24 +38,13 @@ def _baseline_gain(run: Path) -> Optional[dict]:
     cells = load_cells(run.parent)
     if cells.empty or "single" not in set(cells["topology"]):
         return None
-    summary = summarize(cells, load_metrics(run.parent, columns=["val/accuracy"]), load_alerts(run.parent))
-    gains = paired_gains(summary)
+    gains = paired_gains(accuracy_summary(cells, load_metrics(run.parent, columns=["val/accuracy"])))
     row = gains[gains["run_dir"] == str(run)]
     return None if row.empty else row.iloc[0].to_dict()
 
 
-def paired_run(run: Path) -> Optional[Path]:
-    """The run's paired single-agent run (monitors.reference_run), where it exists."""
-    import yaml
-
-    reference = ((yaml.safe_load((run / "cell.yaml").read_text()) or {}).get("monitors") or {}).get("reference_run")
-    return Path(reference) if reference and (Path(reference) / "metrics.jsonl").is_file() else None
-
-
 def paired_metrics(paired: Path) -> pd.DataFrame:
     """The paired run's metrics.jsonl as a frame (the paired run need not be a full run directory)."""
-    from harness.logging import read_jsonl
-
     frame = pd.DataFrame(read_jsonl(paired / "metrics.jsonl"))
     return frame.apply(pd.to_numeric, errors="coerce") if len(frame) else frame
 
@@ -104,11 +96,13 @@ def build_run_report(run: Path) -> Path:
     metrics = load_metrics(run)
     alerts = load_alerts(run)
     status = json.loads((run / "status.json").read_text()) if (run / "status.json").is_file() else {}
-    paired = paired_run(run)
+    records = read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
+    context = replay_setup(run)  # the paired run beside the cell, as the detectors' replay finds it
+    paired = Path(context.monitors.reference_run) if context.monitors.reference_run else None
     baseline = paired_metrics(paired) if paired is not None else None
     curves = role_curves(metrics, alerts, out / "roles.png", title=cell["cell_id"], baseline=baseline) \
         if len(metrics) else None
-    signal_plot = signal_curves(signal_trace(run), alerts, out / "signals.png", title=cell["cell_id"]) \
+    signal_plot = signal_curves(signal_trace(run, records, context), alerts, out / "signals.png", title=cell["cell_id"]) \
         if len(metrics) else None
     policy_plot = policy_curves(metrics, alerts, out / "policies.png", title=cell["cell_id"], baseline=baseline) \
         if len(metrics) else None
@@ -129,14 +123,9 @@ def build_run_report(run: Path) -> Path:
         if len(alerts) else pd.DataFrame()
     if late_column:
         alert_frame = alert_frame.assign(late=alert_frame["late"].eq(True).map({True: "late", False: ""}))
-    found = label_run(run) if (run / "metrics.jsonl").is_file() else []
+    found = label_records(records)
     labels = pd.DataFrame([label.record() for label in found])
-    from harness.logging import read_jsonl
-    from reports.verdict import verdict
-
-    the_verdict = verdict(run, read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else [],
-                          read_jsonl(run / "alerts.jsonl") if (run / "alerts.jsonl").is_file() else [], found,
-                          status, status.get("contracts"), paired is not None)
+    the_verdict = verdict(records, alerts.to_dict("records"), found, status, context.role_contracts, paired is not None)
     roles = early_late(metrics) if len(metrics) else pd.DataFrame()
     policies = early_late(metrics, "policy") if len(metrics) else pd.DataFrame()
     agents = agent_rows(metrics) if len(metrics) else pd.DataFrame()

@@ -4,7 +4,6 @@ alerts, by kind and first step), and which detectors could not judge it and why 
 that a detector cannot fire is silent by construction, which is not the same as healthy)."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Dict, List, Optional
 
 # why a detector cannot fire on a run, by what watched_by found missing
@@ -19,7 +18,7 @@ CANNOT_JUDGE = {
 }
 
 
-def verdict(run: Path, records: List[dict], alerts: List[dict], labels: list, status: dict,
+def verdict(records: List[dict], alerts: List[dict], labels: list, status: dict,
             role_contracts: Optional[Dict[str, str]] = None, paired_reference: bool = False) -> str:
     from analysis.detector_validation import watched_by
 

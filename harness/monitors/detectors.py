@@ -321,7 +321,6 @@ class CaptureDetector(Traced):
         return self.bands[key]
 
     def observe(self, record: dict) -> List[Alert]:
-        self._step = record["step"]
         roles = _roles_in(record, "response_length")
         for role in roles:
             for signal in self.signals:
@@ -335,7 +334,8 @@ class CaptureDetector(Traced):
             for other in roles:
                 if other == victim:
                     continue
-                for sign, why in (("pressure", self._pressed(victim, other)), ("moved", self._moved(victim, other))):
+                for sign, why in (("pressure", self._pressed(victim, other, record["step"])),
+                                  ("moved", self._moved(victim, other))):
                     key = (victim, other, sign)
                     self.streak[key] = self.streak[key] + 1 if why else 0
                     if self.streak[key] < self.cfg.patience:
@@ -348,7 +348,7 @@ class CaptureDetector(Traced):
                                         self.cfg.patience, f"{what} {where}: {why}", self.cfg.action, signal=sign))
         return alerts
 
-    def _pressed(self, victim: str, other: str) -> Optional[str]:
+    def _pressed(self, victim: str, other: str, step: int) -> Optional[str]:
         """The early warning: the victim's length is under selection toward the other's early length."""
         length, other_length = self._band(victim, "response_length"), self._band(other, "response_length")
         if not (length.ready and other_length.ready):
@@ -356,7 +356,7 @@ class CaptureDetector(Traced):
         early_gap = other_length.early - length.early
         z = self.pressure[victim].z if victim in self.pressure_roles and self.cfg.pressure_z is not None else None
         if z is not None:  # toward the other role's length: positive
-            self._trace(self._step, f"{victim}: length pressure toward {other}'s (z)", z if early_gap > 0 else -z,
+            self._trace(step, f"{victim}: length pressure toward {other}'s (z)", z if early_gap > 0 else -z,
                         self.cfg.pressure_z)
         if z is None or abs(z) < self.cfg.pressure_z or z * early_gap <= 0:
             return None

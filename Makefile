@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup jail qwen3-tokenizer system demo test bench docs constraints check-lowest clean
+.PHONY: setup jail qwen3-tokenizer system demo test bench gpu-bundle docs constraints check-lowest clean
 
 # CPU torch first where there is no GPU: otherwise pip pulls a multi-GB CUDA build. On CPU machines
 # (CI) every other package is installed at the exact version of constraints.txt; with a GPU, verl's
@@ -51,6 +51,10 @@ test: setup system
 
 bench: setup
 	$(PY) bench/probe_overhead.py
+
+# What a bare GPU machine needs beside the repository for bench/gpu_check.sh (< 60 MiB, ignored by git).
+gpu-bundle: setup
+	$(PY) bench/gpu_bundle.py --out gpu_bundle
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link or anchor.
 docs: $(VENV)/.installed

@@ -1,30 +1,27 @@
 #!/usr/bin/env bash
-# The GPU check for a lent GPU machine: a few minutes, no network. Needs the GPU install
-# (`pip install .[gpu]` with a CUDA torch) and this repository; the tiny model is built locally.
-#   1. the parity test on CUDA: engine=local (CPU) and engine=verl (CUDA, fp32) on the same batch
-#      give the same per-role losses, grad norms and coherence (1e-4);
-#   2. one short engine=verl cell (voting, IP, bf16) with the HF rollout replicas, and one with
-#      vLLM rollout replicas (LoRA, hybrid mode) when vllm is installed: steps/s, per-role metrics;
-#   3. with vLLM and Qwen3's tokenizer in the cache (make qwen3-tokenizer, before the machine goes
-#      offline): the same cell on scale=qwen3-tok, Qwen3's prompts with thinking off through vLLM.
-# Output goes to stdout and, if $OUT is set, to $OUT/gpu_check.log.
+# The GPU check for a bare GPU machine: no network, its own Python with a CUDA torch, transformers
+# and peft (no Ray, verl, vLLM, Hydra or wandb), a few minutes. Prepare here with `make gpu-bundle`
+# (Qwen3's tokenizer and wheels of anything the check needs that such a machine lacks, < 60 MiB),
+# carry the repository and gpu_bundle/ over, then run `bash bench/gpu_check.sh` there.
+#   1. installs the bundle's wheels (if any) into a private folder, offline;
+#   2. bench/gpu_check.py: the local engine's CPU-vs-CUDA parity (fp32, 1e-4), then its update at
+#      Qwen3-0.6B/1.7B/4B shapes in bf16 (step time, response tokens/s, peak memory, shared-prompt
+#      forward against the plain one). What needs Ray or vLLM is listed as not checked.
+# Output: stdout, and $OUT/gpu_check.log + $OUT/gpu_check.json ($OUT defaults to /tmp/gpu_check).
+# GPU_CHECK_TINY=1 runs the same code on tiny shapes (a CPU rehearsal; tests/test_gpu_check.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
-LOG=${OUT:-/tmp}/gpu_check.log
-export WANDB_MODE=offline OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} MARL_VERL_DEVICE=cuda
+PY=${PYTHON:-python3}
+OUT_DIR=${OUT:-/tmp/gpu_check}
+BUNDLE=${GPU_BUNDLE:-gpu_bundle}
+mkdir -p "$OUT_DIR"
+[ -f "$BUNDLE/manifest.json" ] || { echo "error: no bundle at $BUNDLE (make gpu-bundle, then carry it over)" >&2; exit 2; }
 {
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-  $PY -m pytest -q -p no:warnings tests/test_verl_engine.py -k same_batch
-  $PY bench/gpu_check.py --root "${OUT:-/tmp}/gpu_check_runs" --steps "${STEPS:-10}" --rollout hf
-  if $PY -c "import vllm" 2>/dev/null; then
-    $PY bench/gpu_check.py --root "${OUT:-/tmp}/gpu_check_runs" --steps "${STEPS:-10}" --rollout vllm
-    if $PY -c "from harness import qwen3_tokenizer; raise SystemExit(bool(qwen3_tokenizer.problem()))"; then
-      $PY bench/gpu_check.py --root "${OUT:-/tmp}/gpu_check_runs" --steps 3 --rollout vllm --scale qwen3-tok
-    else
-      echo "gpu_check: Qwen3's tokenizer is not in the cache; the qwen3-tok vLLM run was not done"
-    fi
-  else
-    echo "gpu_check: vllm is not installed; the vLLM rollout was not run"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  if compgen -G "$BUNDLE/wheels/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --target "$OUT_DIR/site" "$BUNDLE"/wheels/*.whl
+    export PYTHONPATH="$OUT_DIR/site${PYTHONPATH:+:$PYTHONPATH}"
   fi
-} 2>&1 | tee "$LOG"
+  $PY bench/gpu_check.py --out "$OUT_DIR" --tokenizer-cache "$BUNDLE" ${GPU_CHECK_TINY:+--tiny}
+} 2>&1 | tee "$OUT_DIR/gpu_check.log"
+exit "${PIPESTATUS[0]}"

@@ -24,6 +24,7 @@ if __package__ in (None, ""):  # `python grid/launch.py`: make the repo root imp
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grid.expand import CONF_DIR, GridError, check_cells, choices, expand, table  # noqa: E402
+from grid.gpu_estimate import estimate_line, load_measurement  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 ACTIONS = ("launch", "status")
@@ -225,6 +226,24 @@ def wait_for_slurm(cells, cfg: DictConfig, out) -> None:
         time.sleep(2)
 
 
+def sized_configs(cells) -> List:
+    """The cells' configs as read, unvalidated: an estimate needs their sizes, not runnable cells (a
+    dry run lists a cell's problems, such as data not yet downloaded, beside it)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from harness.config import CellConfig
+
+    configs = []
+    for cell in cells:
+        try:
+            configs.append(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CellConfig),
+                                                               OmegaConf.create(cell.overrides))))
+        except OmegaConfBaseException:
+            continue
+    return configs
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
@@ -238,6 +257,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if cfg.dry_run:
             invalid = check_cells(cells, strict=False)
             print(table(cells))
+            estimate = estimate_line(sized_configs(cells), load_measurement())
+            if estimate:  # before the summary, which stays the last line
+                print(estimate)
             n_base = sum(c.is_baseline for c in cells)
             gpu_hours = sum(c.resources.gpu_hours for c in cells)
             print(f"{len(cells)} cells: {len(cells) - n_base} multi-agent + {n_base} single-agent baselines "

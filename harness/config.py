@@ -2,17 +2,15 @@
 
 Every knob is a field here, so every knob is overridable from the command line
 (`python -m harness.run algo.lr=5e-4 workflow.n_votes=5`). Plain data: this module imports
-nothing else of the harness, so every module may import it; checking a config against the
-models, tasks and workflows it names is `harness/validation.py`'s job.
+nothing else of the harness, and Hydra and OmegaConf only where a config is registered or loaded
+(the local engine imports it on machines without them), so every module may import it; checking a
+config against the models, tasks and workflows it names is `harness/validation.py`'s job.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
-
-from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
 
 TOPOLOGIES = ("single", "eval_opt", "voting", "orch_workers")
 # UnityMAS-O's workflows A-D, shipped as graphs (harness/workflows/graphs/<name>.yaml)
@@ -21,6 +19,8 @@ SHARING_MODES = ("sp", "ip", "ip_instance", "custom", "partial")  # partial: the
 ENGINES = ("local", "verl")
 VERL_PLACEMENTS = ("colocate", "split")
 VERL_DEVICES = ("auto", "cpu", "cuda")
+LOCAL_DEVICES = ("auto", "cpu", "cuda")
+LOCAL_DTYPES = ("fp32", "bf16")
 VERL_RAY_UP = ("auto", "always", "never")
 VERL_ROLLOUTS = ("auto", "hf", "vllm")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "role-balanced")
@@ -272,6 +272,8 @@ RETIRED_MONITOR_KEYS = {"amplification": ("min_update_ratio",)}
 
 def stored_cell_config(run: Path) -> "CellConfig":
     """A run's resolved config from its cell.yaml, as it trained (no re-validation of its root)."""
+    from omegaconf import OmegaConf
+
     stored = upgrade_stored(OmegaConf.to_container(OmegaConf.load(Path(run) / "cell.yaml")))
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CellConfig), stored))
 
@@ -299,6 +301,14 @@ class WandbConfig:
     project: Optional[str] = None  # default marl-harness
     entity: Optional[str] = None
     dir: Optional[str] = None  # default: the run directory
+
+
+@dataclass
+class LocalConfig:
+    """engine=local: where its one process computes and in what precision."""
+
+    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
+    dtype: str = "fp32"  # the base model's weights; bf16 on a GPU (LoRA adapters stay fp32, peft's default)
 
 
 @dataclass
@@ -415,12 +425,15 @@ class CellConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
     extra: Dict[str, Any] = field(default_factory=dict)  # free-form tags carried to cell.yaml
     # several model instances (different bases, LoRA or full), roles mapped to them; with sharing=custom
     models: Dict[str, ModelInstanceConfig] = field(default_factory=dict)
 
 
 def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
     ConfigStore.instance().store(name="cell", node=CellConfig)
 
 

@@ -22,8 +22,9 @@ from typing import Any, Dict, Optional, Sequence, Union, get_args, get_origin, g
 from omegaconf import OmegaConf
 
 from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, DATA_SPLITS, ENGINES,
-                            LOSS_AGG_MODES, LR_SCHEDULES, MODEL_TRAINING, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, GRAPH_TOPOLOGIES, VERL_DEVICES, VERL_PLACEMENTS,
-                            VERL_RAY_UP, VERL_ROLLOUTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
+                            GRAPH_TOPOLOGIES, LOCAL_DEVICES, LOCAL_DTYPES, LOSS_AGG_MODES, LR_SCHEDULES,
+                            MODEL_TRAINING, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES,
+                            VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
 from harness.mitigations import apply_mitigations, mitigation_names
 from harness.models import SCALES, RandomQwen3, is_tiny, positions_of, resolve_model_path
 from harness.sharing import PolicyMap
@@ -300,6 +301,13 @@ def validate(cfg: CellConfig) -> None:
     _choose("engine", cfg.engine, ENGINES)
     _choose("verl placement (verl.placement)", cfg.verl.placement, VERL_PLACEMENTS)
     _choose("verl device (verl.device)", cfg.verl.device, VERL_DEVICES)
+    _choose("local engine device (local.device)", cfg.local.device, LOCAL_DEVICES)
+    _choose("local engine precision (local.dtype)", cfg.local.dtype, LOCAL_DTYPES)
+    if cfg.local.device == "cuda" and cfg.engine == "local":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("local.device=cuda but torch sees no GPU here; use local.device=auto or cpu")
     _choose("verl Ray bring-up (verl.ray_up)", cfg.verl.ray_up, VERL_RAY_UP)
     _choose("verl rollout backend (verl.rollout)", cfg.verl.rollout, VERL_ROLLOUTS)
     if cfg.verl.rollout == "vllm" and cfg.verl.device == "cpu":

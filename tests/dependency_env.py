@@ -18,7 +18,7 @@ import sys
 import sysconfig
 import venv
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 try:
     import tomllib
@@ -49,12 +49,9 @@ def pip(python: Path, *args: str, check: bool = True) -> subprocess.CompletedPro
                           capture_output=True, text=True, check=check)
 
 
-def overlay_env(name: str, pins: Sequence[str]) -> Path:
-    """A venv holding `pins` (exact `name==version` lines) over this environment's packages; built
-    once per (interpreter, base environment, pins) and reused."""
-    base = sysconfig.get_paths()["purelib"]
-    key = hashlib.sha1("\n".join([BUILD, sys.version, base, *sorted(pins)]).encode()).hexdigest()[:12]
-    target = cache_root() / f"{name}-{key}"
+def cached_venv(target: Path, fill: Callable[[Path, Path], str]) -> Path:
+    """A venv at `target`, built once: `fill(python, site_packages)` populates it and returns what
+    `.ready` records; built aside and renamed, so a half-built one is never reused."""
     if (target / ".ready").is_file():
         return target
     building = target.with_name(f"{target.name}.building-{os.getpid()}")
@@ -63,16 +60,28 @@ def overlay_env(name: str, pins: Sequence[str]) -> Path:
     python = building / "bin" / "python"
     own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          capture_output=True, text=True, check=True).stdout.strip()
-    (Path(own) / "zz_base_environment.pth").write_text(base + "\n")  # searched after the venv's own packages
-    pip(python, "uninstall", "-q", "-y", "setuptools", check=False)  # ensurepip's older copy would shadow the base's
-    if pins:
-        pip(python, "install", "-q", "--no-deps", *pins)
-    (building / ".ready").write_text("\n".join(pins) + "\n")
+    (building / ".ready").write_text(fill(python, Path(own)))
     try:
         building.rename(target)
     except OSError:  # built meanwhile by another process: keep theirs
         shutil.rmtree(building, ignore_errors=True)
     return target
+
+
+def overlay_env(name: str, pins: Sequence[str]) -> Path:
+    """A venv holding `pins` (exact `name==version` lines) over this environment's packages; built
+    once per (interpreter, base environment, pins) and reused."""
+    base = sysconfig.get_paths()["purelib"]
+    key = hashlib.sha1("\n".join([BUILD, sys.version, base, *sorted(pins)]).encode()).hexdigest()[:12]
+
+    def fill(python: Path, own: Path) -> str:
+        (own / "zz_base_environment.pth").write_text(base + "\n")  # searched after the venv's own packages
+        pip(python, "uninstall", "-q", "-y", "setuptools", check=False)  # ensurepip's older copy would shadow the base's
+        if pins:
+            pip(python, "install", "-q", "--no-deps", *pins)
+        return "\n".join(pins) + "\n"
+
+    return cached_venv(cache_root() / f"{name}-{key}", fill)
 
 
 def python_of(env: Path) -> Path:

@@ -31,6 +31,8 @@ CASES = [
     (["workflow.prompts.judge=x"], "valid keys of workflow.prompts: solver, generator"),
     (["engine=megatron"], "unknown engine 'megatron'; valid choices: local, verl"),
     (["engine=verl", "verl.placement=spread"], "valid choices: colocate, split"),
+    (["local.device=tpu"], "(local.device) 'tpu'; valid choices: auto, cpu, cuda"),
+    (["local.dtype=fp16"], "(local.dtype) 'fp16'; valid choices: fp32, bf16"),
     (["engine=verl", "verl.rollout=sglang"], "(verl.rollout) 'sglang'; valid choices: auto, hf, vllm"),
     (["engine=verl", "verl.device=cpu", "verl.rollout=vllm"], "verl.rollout=vllm needs a GPU"),
     (["engine=verl", "verl.gpus_per_policy=2", "verl.rollout_tp=4"], "verl.rollout_tp=4 must divide"),

@@ -22,7 +22,7 @@ from tests.conftest import REPO, python_cmd
 from tests.test_probe import _setup, spread_advantages
 
 TOL = 1e-4
-# bench/gpu_check.sh runs the parity test on a GPU: MARL_VERL_DEVICE=cuda (fp32, sdpa attention)
+# bench/gpu_cluster_check.sh runs the parity test on a GPU: MARL_VERL_DEVICE=cuda (fp32, sdpa attention)
 DEVICE = os.environ.get("MARL_VERL_DEVICE", "cpu")
 DEVICE_OVERRIDES = ((f"verl.device={DEVICE}",) if DEVICE == "cpu" else
                     (f"verl.device={DEVICE}", "verl.param_dtype=fp32", "verl.attn_implementation=sdpa"))

@@ -33,20 +33,18 @@ from typing import Collection, Dict, List
 
 import numpy as np
 import torch
-from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
+from harness.algo.verl_core import grpo_outcome_advantage
 from harness.workflows import Episode, Turn
 
 
 def _grpo(scores: List[float], keys: List[str], norm_by_std: bool, epsilon: float) -> List[float]:
     """verl's GRPO advantage of each score within its key's group; 0 where a group has one member."""
-    index = np.array(keys, dtype=object)
-    tensor = torch.tensor([[s] for s in scores], dtype=torch.float32)
-    advantages, _ = compute_grpo_outcome_advantage(tensor, torch.ones_like(tensor), index, epsilon, norm_by_std)
+    advantages = grpo_outcome_advantage(torch.tensor(scores, dtype=torch.float32), keys, epsilon, norm_by_std)
     sizes: Dict[str, int] = defaultdict(int)
     for key in keys:
         sizes[key] += 1
-    return [a if sizes[k] > 1 else 0.0 for a, k in zip(advantages[:, 0].tolist(), keys)]
+    return [a if sizes[k] > 1 else 0.0 for a, k in zip(advantages.tolist(), keys)]
 
 
 def _agent_norm(scores: List[float], keys: List[str], roles: List[str], epsilon: float) -> List[float]:

@@ -1,7 +1,7 @@
 """The policy loss of one micro-batch, normalised by whole-batch counts so that the gradients
 of the micro-batches (one role instance each) add up exactly to the gradient of the full loss.
 
-Aggregation modes: `token-mean` and `seq-mean-token-mean` are verl's `agg_loss` with global
+Aggregation modes: `token-mean` and `seq-mean-token-mean` are verl's `agg_loss` (algo/verl_core.py) with global
 normalisers; `role-balanced` gives each role of a policy equal weight (token-mean within role),
 a mitigation for role capture under a shared policy.
 """
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
-from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+
+from harness.algo.verl_core import agg_loss, low_var_kl
 
 
 @dataclass(frozen=True)
@@ -71,4 +72,4 @@ def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm: Batch
 
 def kl_to_reference(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     """verl's low-variance KL estimator, per token."""
-    return kl_penalty(log_prob, ref_log_prob, "low_var_kl")
+    return low_var_kl(log_prob, ref_log_prob)

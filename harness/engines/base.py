@@ -23,6 +23,7 @@ import torch
 
 from harness.algo.coherence import design_effect
 from harness.algo.loss import BatchNorm
+from harness.algo.verl_core import lr_lambda
 from harness.config import kl_in_loss
 from harness.workflows import Generation, Sampling, Turn
 
@@ -227,15 +228,8 @@ def step_lr(algo, total_steps: int, step: int) -> float:
 
 def lr_multiplier(algo, total_steps: int, step: int) -> float:
     """verl's LR schedule (constant or cosine, linear warm-up) at training step `step`; verl steps its
-    scheduler once per training step."""
-    from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-
-    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    if algo.lr_schedule == "cosine":
-        schedule = get_cosine_schedule_with_warmup(optimizer, algo.lr_warmup_steps, max(total_steps, 1))
-    else:
-        schedule = get_constant_schedule_with_warmup(optimizer, algo.lr_warmup_steps)
-    return float(schedule.lr_lambdas[0](step))
+    scheduler once per training step (algo/verl_core.py)."""
+    return lr_lambda(algo.lr_schedule, algo.lr_warmup_steps, max(total_steps, 1), step)
 
 
 class Engine(Protocol):

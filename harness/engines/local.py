@@ -1,4 +1,5 @@
-"""In-process engine: one frozen base model, one LoRA adapter per policy (peft), HF generate.
+"""In-process engine: one frozen base model, one LoRA adapter per policy (peft), HF generate; on
+the CPU in fp32 by default, or on a GPU (`local.device`, `local.dtype=bf16`).
 
 The update is verl's PPO actor update (engines/base.py): each policy's rows cut into mini-batches,
 one AdamW step each, old log-probs from the behaviour weights. Within a mini-batch, micro-batches
@@ -55,14 +56,39 @@ def join_optimizer_state(entry: dict, prefix: str, tensors: Dict[str, torch.Tens
     return {"state": state, "param_groups": entry["param_groups"]}
 
 
+def local_device(cfg) -> torch.device:
+    """local.device: `auto` is cuda when torch sees a GPU, else the CPU."""
+    wanted = cfg.local.device
+    if wanted == "auto":
+        wanted = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(wanted)
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 class LocalEngine:
     def __init__(self, model_dir: Path, policies: List[str], cfg, seed: int = 0):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.local.dtype])
+        self._setup(base, tokenizer, policies, cfg, seed)
+
+    @classmethod
+    def from_model(cls, base, tokenizer, policies: List[str], cfg, seed: int = 0) -> "LocalEngine":
+        """An engine over a model already in memory (a random Qwen3 of the study's shape built on the
+        GPU, bench/gpu_check_local.py): no round trip through the disk."""
+        engine = cls.__new__(cls)
+        engine._setup(base.to(DTYPES[cfg.local.dtype]), tokenizer, policies, cfg, seed)
+        return engine
+
+    def _setup(self, base, tokenizer, policies: List[str], cfg, seed: int) -> None:
         self.cfg = cfg
         self.policies = list(policies)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.tokenizer = tokenizer
+        self.device = local_device(cfg)
+        base = base.to(self.device)
         self.full_finetune = bool(cfg.sharing_cfg.full_finetune)
         torch.manual_seed(seed)
         if self.full_finetune:
@@ -70,7 +96,7 @@ class LocalEngine:
             self.model = base
             self.params = {self.policies[0]: [p for p in base.parameters()]}
         else:
-            self.model = attach_adapters(base, self.policies, cfg, seed)
+            self.model = attach_adapters(base, self.policies, cfg, seed).to(self.device)
             self.params = {p: [t for n, t in self.model.named_parameters() if f".{p}." in n and "lora_" in n]
                            for p in self.policies}
         self.seed = seed
@@ -98,6 +124,7 @@ class LocalEngine:
         tok = self.tokenizer
 
         def sample(input_ids, attention_mask, copies):
+            input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
             tokens, log_probs = sample_repeated(self.model, input_ids, attention_mask, copies, sampling.max_new_tokens,
                                                 sampling.temperature, sampling.greedy, tok.eos_token_id,
                                                 tok.pad_token_id)
@@ -112,12 +139,12 @@ class LocalEngine:
         self._activate(policy)
         width = max(len(p) for p in prompts)
         pad = self.tokenizer.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
                          logits_to_keep=1)
-        return out.hidden_states[-1][:, -1].float()
+        return out.hidden_states[-1][:, -1].float().cpu()  # the critic head lives on the CPU
 
     def hidden_size(self, policy: str = "") -> int:
         return int(self.model.config.hidden_size)
@@ -159,7 +186,7 @@ class LocalEngine:
                 old_log_prob[row][where] = old[id(turn)]
             elif old is not None:
                 old[id(turn)] = old_log_prob[row][where].clone()
-        advantages = torch.tensor([[t.advantage] for t in batch], dtype=torch.float32)
+        advantages = torch.tensor([[t.advantage] for t in batch], dtype=torch.float32, device=self.device)
         policy_loss = ppo_clip_loss(log_prob, old_log_prob, advantages, ClipConfig.from_algo(algo))
         loss_mat = policy_loss.loss_mat
         beta = kl_beta(algo, role)

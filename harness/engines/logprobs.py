@@ -93,14 +93,19 @@ def _unwrap(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _response_grid(responses: Sequence[List[int]], pad_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def _device(lm) -> torch.device:
+    return lm.get_output_embeddings().weight.device
+
+
+def _response_grid(responses: Sequence[List[int]], pad_id: int,
+                   device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in responses)
     ids = torch.full((len(responses), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(responses), width))
     for row, response in enumerate(responses):
         ids[row, : len(response)] = torch.tensor(response, dtype=torch.long)
         mask[row, : len(response)] = 1.0
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 def _head(lm, predicting: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
@@ -110,8 +115,8 @@ def _head(lm, predicting: torch.Tensor, targets: torch.Tensor, mask: torch.Tenso
     where = mask.bool()
     hidden = predicting[where] if temperature == 1.0 else predicting[where] / temperature
     picked, ent = token_log_probs(hidden, lm.get_output_embeddings().weight, targets[where])
-    log_prob = torch.zeros(mask.shape, dtype=picked.dtype)
-    entropy = torch.zeros(mask.shape, dtype=picked.dtype)
+    log_prob = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)
+    entropy = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)
     log_prob = log_prob.masked_scatter(where, picked)
     entropy[where] = ent.detach()
     return ResponseLogProbs(log_prob, entropy, mask)
@@ -121,6 +126,7 @@ def plain_log_probs(model, prompts: Sequence[List[int]], responses: Sequence[Lis
                     temperature: float = 1.0) -> ResponseLogProbs:
     """One forward of every (prompt + response) row, right-padded; the reference path."""
     lm = _unwrap(model)
+    device = _device(lm)
     rows = [p + r for p, r in zip(prompts, responses)]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -128,11 +134,12 @@ def plain_log_probs(model, prompts: Sequence[List[int]], responses: Sequence[Lis
     for b, row in enumerate(rows):
         ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
         attention[b, : len(row)] = 1
-    hidden = lm.model(input_ids=ids, attention_mask=attention).last_hidden_state
-    targets, mask = _response_grid(responses, pad_id)
+    hidden = lm.model(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
+    targets, mask = _response_grid(responses, pad_id, device)
     index = torch.zeros(mask.shape, dtype=torch.long)
     for b, prompt in enumerate(prompts):  # hidden state at position t predicts token t + 1
         index[b, : len(responses[b])] = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(responses[b]))
+    index = index.to(device)
     predicting = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
     return _head(lm, predicting, targets, mask, temperature)
 
@@ -142,8 +149,10 @@ def shared_prompt_log_probs(model, prompts: Sequence[List[int]], responses: Sequ
     """Each distinct prompt once (left-padded, positions counting real tokens), its KV cache gathered
     to its rows, then the rows' response tokens but the last (nothing is predicted from it)."""
     lm = _unwrap(model)
+    device = _device(lm)
     distinct: dict = {}
-    owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], dtype=torch.long)
+    owner = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], dtype=torch.long,
+                         device=device)
     unique = list(distinct)
     prompt_width = max(len(p) for p in unique)
     prompt_ids = torch.full((len(unique), prompt_width), pad_id, dtype=torch.long)
@@ -151,19 +160,20 @@ def shared_prompt_log_probs(model, prompts: Sequence[List[int]], responses: Sequ
     for b, prompt in enumerate(unique):
         prompt_ids[b, prompt_width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
         prompt_mask[b, prompt_width - len(prompt):] = 1
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     out = lm.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True)
     last = out.last_hidden_state[:, -1][owner]  # predicts each row's first response token
-    targets, mask = _response_grid(responses, pad_id)
+    targets, mask = _response_grid(responses, pad_id, device)
     width = targets.shape[1]
     if width == 1:
         return _head(lm, last[:, None], targets, mask, temperature)
     cache = out.past_key_values
     cache.reorder_cache(owner)
-    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
     inputs = targets[:, :-1]
     attention = torch.cat([prompt_mask[owner], mask[:, :-1].long()], dim=1)
-    response_positions = lengths[:, None] + torch.arange(width - 1)[None]
+    response_positions = lengths[:, None] + torch.arange(width - 1, device=device)[None]
     hidden = lm.model(input_ids=inputs, attention_mask=attention, position_ids=response_positions,
                       past_key_values=cache, use_cache=True).last_hidden_state
     return _head(lm, torch.cat([last[:, None], hidden], dim=1), targets, mask, temperature)

@@ -8,7 +8,8 @@
 #      Qwen3-0.6B/1.7B/4B shapes in bf16 (step time, response tokens/s, peak memory, shared-prompt
 #      forward against the plain one). What needs Ray or vLLM is listed as not checked.
 # Output: stdout, and $OUT/gpu_check.log + $OUT/gpu_check.json ($OUT defaults to /tmp/gpu_check).
-# GPU_CHECK_TINY=1 runs the same code on tiny shapes (a CPU rehearsal; tests/test_gpu_check.py).
+# GPU_CHECK_TINY=1 runs the same code on tiny shapes (a CPU rehearsal; tests/test_gpu_check.py);
+# GPU_CHECK_BUDGET_S (default 420) skips the shapes not started by then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -22,6 +23,7 @@ mkdir -p "$OUT_DIR"
     $PY -m pip install -q --no-index --no-deps --target "$OUT_DIR/site" "$BUNDLE"/wheels/*.whl
     export PYTHONPATH="$OUT_DIR/site${PYTHONPATH:+:$PYTHONPATH}"
   fi
-  $PY bench/gpu_check.py --out "$OUT_DIR" --tokenizer-cache "$BUNDLE" ${GPU_CHECK_TINY:+--tiny}
+  $PY bench/gpu_check.py --out "$OUT_DIR" --tokenizer-cache "$BUNDLE" ${GPU_CHECK_TINY:+--tiny} \
+    ${GPU_CHECK_BUDGET_S:+--budget-s "$GPU_CHECK_BUDGET_S"}
 } 2>&1 | tee "$OUT_DIR/gpu_check.log"
 exit "${PIPESTATUS[0]}"

@@ -4,8 +4,9 @@
 writes `gpu_check.json`; the repository keeps the one quoted in docs/benchmarks.md as
 `bench/gpu_check_results.json` ($MARL_GPU_MEASUREMENT names another). The dry run turns its response
 tokens per second into update GPU-hours per cell: steps x problems x rollouts x the most model calls
-an episode makes x the longest response, over the measured rate. An upper bound on the update's
-compute at the measured GPU and lengths, scaled linearly in tokens; rollouts (vLLM) are not in it.
+an episode makes x the tokens per call, over the measured rate; per 1,000 tokens of mean response
+length (a run's own `role/<role>/response_length` says what to multiply by) and at every call's longest
+response (an upper bound). Linear in tokens, at the measured GPU; rollouts (vLLM) are not in it.
 """
 from __future__ import annotations
 
@@ -46,13 +47,14 @@ def max_calls(cfg) -> Optional[int]:
             "orch_workers": wf.max_subtasks + 2}.get(cfg.topology)
 
 
-def update_gpu_hours(cfg, measured: Measured) -> Optional[float]:
-    """One cell's update GPU-hours at the measured rate; None when its scale or topology is not measured."""
+def update_gpu_hours(cfg, measured: Measured, response_tokens: Optional[int] = None) -> Optional[float]:
+    """One cell's update GPU-hours at the measured rate, every call writing `response_tokens` (default:
+    its longest response, workflow.max_new_tokens); None when its scale or topology is not measured."""
     rate, calls = measured.tokens_per_s.get(cfg.scale), max_calls(cfg)
     if not rate or calls is None:
         return None
-    tokens = cfg.steps * cfg.algo.problems_per_step * cfg.algo.group_size * calls * cfg.workflow.max_new_tokens
-    return tokens / rate / 3600
+    per_call = cfg.workflow.max_new_tokens if response_tokens is None else response_tokens
+    return cfg.steps * cfg.algo.problems_per_step * cfg.algo.group_size * calls * per_call / rate / 3600
 
 
 def estimate_line(configs: Iterable, measured: Optional[Measured]) -> Optional[str]:
@@ -63,10 +65,12 @@ def estimate_line(configs: Iterable, measured: Optional[Measured]) -> Optional[s
             return (f"no measured GPU-hours estimate: {MEASUREMENT.relative_to(REPO)} is absent "
                     "(bench/gpu_check.sh on a GPU machine writes it)")
         return None
-    hours = [update_gpu_hours(c, measured) for c in configs]
-    covered = [h for h in hours if h is not None]
+    covered = [c for c in configs if update_gpu_hours(c, measured) is not None]
     if not covered:
         return None
-    return (f"estimate: {sum(covered):,.1f} GPU-hours of update compute for {len(covered)} of {len(configs)} cells "
-            f"(measured on {measured.device} with the local engine, bf16, at every call's longest response; "
-            f"rollouts not included; {measured.source.name})")
+    longest = sum(update_gpu_hours(c, measured) for c in covered)
+    per_1k = sum(update_gpu_hours(c, measured, 1000) for c in covered)
+    return (f"estimate: {per_1k:,.1f} GPU-hours of update compute per 1,000 tokens of mean response length, "
+            f"{longest:,.1f} if every call wrote its longest response; {len(covered)} of {len(configs)} cells "
+            f"(measured on {measured.device} with the local engine, bf16; rollouts not included; "
+            f"{measured.source.name})")

@@ -138,10 +138,12 @@ def test_the_dry_run_estimates_gpu_hours_from_the_checks_figures(tmp_path):
     cfg.algo.problems_per_step, cfg.algo.group_size, cfg.workflow.max_new_tokens = 64, 8, 5120
     assert max_calls(cfg) == cfg.workflow.n_votes + 1 == 4
     assert update_gpu_hours(cfg, loaded) == pytest.approx(500 * 64 * 8 * 4 * 5120 / 20000 / 3600)
+    assert update_gpu_hours(cfg, loaded, 1000) == pytest.approx(500 * 64 * 8 * 4 * 1000 / 20000 / 3600)
     cfg.scale = "qwen3-4b"
     assert update_gpu_hours(cfg, loaded) is None
     proc = subprocess.run([sys.executable, "grid/launch.py", "sweep=full_matrix", "dry_run=true"], cwd=REPO,
                           capture_output=True, text=True, env={**os.environ, "MARL_GPU_MEASUREMENT": str(path)})
     line = [l for l in proc.stdout.splitlines() if l.startswith("estimate:")]
-    assert line and "GPU-hours of update compute for 14 of 42 cells (measured on NVIDIA H200" in line[0]
+    assert line and "GPU-hours of update compute per 1,000 tokens of mean response length" in line[0]
+    assert "; 14 of 42 cells (measured on NVIDIA H200 with the local engine" in line[0]
     assert not [l for l in proc.stdout.splitlines() if "no measured GPU-hours estimate" in l]

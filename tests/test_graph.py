@@ -143,7 +143,7 @@ def test_a_tool_node_computes_from_the_state_and_can_be_final(tmp_path, warm_mod
         answers = "; ".join(_answer(t) for t in episode.turns)
         assert episode.final_text == majority(answers) and [t.role for t in episode.turns] == ["voter"] * 3
         assert episode.grade.correct == (episode.final_text == episode.problem.answer)
-    with pytest.raises(ConfigError, match="cannot be loaded"):
+    with pytest.raises(ConfigError, match="^node t: tool 'tests.graph_tools:nothing' cannot be loaded: .*nothing"):
         cell(tmp_path, _graph(tmp_path, "roles: {}\nnodes: {t: {tool: 'tests.graph_tools:nothing'}}\nfinal: t\n"))
 
 
@@ -161,7 +161,8 @@ def test_an_import_path_names_a_graph_or_a_workflow_class(tmp_path, warm_model_d
     own = cell(tmp_path, "topology=harness.workflows.voting:Voting", "sharing=ip")
     assert [r.name for r in build_workflow(own).roles()] == ["voter", "aggregator"]
     for bad, message in (("tests.graph_tools:majority", "neither a graph dict nor a Workflow class"),
-                         ("tests.nowhere:X", "cannot be loaded")):
+                         ("tests.nowhere:X", "^topology 'tests.nowhere:X' cannot be loaded: No module named 'tests.nowhere'"),
+                         ("tests.graph_tools:", "^topology must read 'package.module:function'")):
         with pytest.raises(ConfigError, match=message):
             cell(tmp_path, f"topology={bad}")
 

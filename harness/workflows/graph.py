@@ -313,13 +313,6 @@ def load_graph(source) -> GraphSpec:
     return parse_graph(read_graph(source))
 
 
-def _import(path: str):
-    try:
-        return import_object(path)
-    except ValueError as exc:
-        raise GraphError(str(exc)) from None
-
-
 @dataclass
 class _Result:
     turns: List[Turn]
@@ -334,7 +327,7 @@ class GraphWorkflow(Workflow):
         self.spec = spec
         self.name = spec.name
         super().__init__(task, cfg)
-        self.tools = {n.id: _import(n.tool) for n in spec.nodes.values() if n.kind == "tool"}
+        self.tools = {n.id: import_object(n.tool, f"node {n.id}: tool") for n in spec.nodes.values() if n.kind == "tool"}
 
     def _count(self, value) -> int:
         """A number, or `workflow.<field>` with an optional `+ k` / `- k` (e.g. `workflow.max_iterations - 1`)."""
@@ -494,7 +487,7 @@ def is_graph_topology(topology: str) -> bool:
 def graph_source(topology: str):
     """What `topology=` names: a YAML path, a graph dict, or a Workflow subclass (import paths)."""
     if ":" in topology and not topology.startswith("graph:"):
-        target = _import(topology)
+        target = import_object(topology, "topology")
         if isinstance(target, dict) or (isinstance(target, type) and issubclass(target, Workflow)):
             return target
         raise GraphError(f"topology={topology} names neither a graph dict nor a Workflow class")

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from harness.config import REWARD_TERMS, ConfigError
+from harness.config import GRAPH_FILE_SUFFIXES, REWARD_TERMS, ConfigError
 from harness.imports import import_object
 from harness.workflows.base import Agents, Episode, RoleSpec, Turn, Workflow
 from harness.workflows.contracts import ACCEPT
@@ -481,7 +481,7 @@ def is_graph_topology(topology: str) -> bool:
     `package.module:NAME` to a graph dict or a Workflow class."""
     from harness.config import GRAPH_TOPOLOGIES
 
-    return topology in GRAPH_TOPOLOGIES or topology.endswith((".yaml", ".yml")) or ":" in topology
+    return topology in GRAPH_TOPOLOGIES or topology.endswith(GRAPH_FILE_SUFFIXES) or ":" in topology
 
 
 def graph_source(topology: str):
@@ -491,7 +491,7 @@ def graph_source(topology: str):
         if isinstance(target, dict) or (isinstance(target, type) and issubclass(target, Workflow)):
             return target
         raise GraphError(f"topology={topology} names neither a graph dict nor a Workflow class")
-    if topology.startswith("graph:") or ":" not in topology and not topology.endswith((".yaml", ".yml")):
+    if topology.startswith("graph:") or ":" not in topology and not topology.endswith(GRAPH_FILE_SUFFIXES):
         name = topology.split(":", 1)[-1]
         path = GRAPH_DIR / f"{name}.yaml"
         if not path.is_file():

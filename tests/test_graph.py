@@ -187,3 +187,20 @@ def test_a_retrieval_tool_node_puts_passages_into_the_next_prompt(tmp_path, warm
     for episode in episodes:  # the tool's output is the prompt's context, as the retriever gives it
         question = episode.problem.question
         assert episode.turns[0].prompt == f"context: {retrieve(question, str(corpus), 1)}\nsolve: {question}"
+
+
+def test_a_prompt_override_from_the_command_line_reaches_a_graph_files_own_template(tmp_path, warm_model_dir):
+    graph = tmp_path / "my_flow.yaml"
+    graph.write_text(textwrap.dedent(MY_FLOW).replace('judge_pick: "pick', 'voter: "ask: {question}"\n  judge_pick: "pick'))
+    episodes, _ = _rollout(tmp_path / "runs", str(graph), "sharing=ip",
+                           "workflow.prompts.judge_pick='choose one for {question}: {candidates}'")
+    for episode in episodes:  # a real episode of the tiny model: the override renders the judge's turn
+        question = episode.problem.question
+        voters, judge = episode.turns[:2], episode.turns[2]
+        assert judge.role == "judge" and judge.prompt.startswith(f"choose one for {question}: 0: ")
+        assert [t.prompt for t in voters] == [f"ask: {question}"] * 2  # the graph's own voter, not the built-in one
+    cfg = cell(tmp_path / "runs", f"topology={graph}", "workflow.prompts.voter='v2: {question}'")
+    task = build_task(cfg)
+    workflow = build_workflow(cfg, task)
+    prompts = Controller(cfg, task, workflow, PolicyMap.from_config(cfg, workflow.role_instances()), None).prompts
+    assert prompts["voter"] == "v2: {question}" and prompts["judge_pick"] == "pick: {question}\n{candidates}"

@@ -216,6 +216,10 @@ class Workflow(ABC):
         """Prompt templates the workflow brings itself (a graph's `prompts:`), besides the cell's."""
         return {}
 
+    def template_names(self) -> List[str]:
+        """The templates of its own that `workflow.prompts.<name>=...` may override, besides the built-in ones."""
+        return sorted(self.templates())
+
     def role_budgets(self) -> Dict[str, int]:
         """The fewest new tokens a role needs (a graph's `max_new_tokens`), raising the cell's default
         for it; a cell's workflow.role_max_new_tokens wins."""

@@ -33,7 +33,8 @@ Nodes by their role's contract, and the state fields they write (read as `<node>
   callable's return, e.g. `harness.tasks.qa:search`; with `for_each: <node>.items` one call per
   item (parallel retrieval per sub-query), `text` their results joined by newlines.
 A graph may define its own templates under `prompts:` (name -> text with `{field}`s), and per
-prompt set under `prompt_sets: {qwen3: {...}}` (real models' wording over the tiny one). A role
+prompt set under `prompt_sets: {qwen3: {...}}` (real models' wording over the tiny one); a cell's
+`workflow.prompts.<name>=...` overrides them (harness/workflows/prompts.py cell_prompts). A role
 may say it needs at least `max_new_tokens`; `partial: {policy: [roles]}` is what `sharing=partial`
 means for the graph; `count: {metric: node}` logs how often a node ran per episode
 (`episode/<metric>`, e.g. a loop's rounds); `rewards: {role: {node: 0.5}}` are the graph's default
@@ -342,6 +343,13 @@ class GraphWorkflow(Workflow):
     def templates(self) -> Dict[str, str]:
         """The graph's templates, those of the cell's prompt set (`prompt_sets: {qwen3: ...}`) over them."""
         return {**self.spec.prompts, **self.spec.prompt_sets.get(getattr(self.cfg, "prompt_set", "tiny"), {})}
+
+    def template_names(self) -> List[str]:
+        """Every template the graph declares (any prompt set) or a node renders: what
+        `workflow.prompts.<name>=...` may override for this graph."""
+        used = {n.prompt or n.role for n in self.spec.nodes.values() if n.role is not None}
+        declared = set(self.spec.prompts).union(*self.spec.prompt_sets.values())
+        return sorted(used | declared)
 
     def role_budgets(self) -> Dict[str, int]:
         return dict(self.spec.budgets)

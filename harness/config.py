@@ -15,7 +15,10 @@ from typing import Any, Dict, List, Optional
 TOPOLOGIES = ("single", "eval_opt", "voting", "orch_workers")
 # UnityMAS-O's workflows A-D, shipped as graphs (harness/workflows/graphs/<name>.yaml)
 GRAPH_TOPOLOGIES = ("qd_retrieve_answer", "qd_retrieve_evidence_answer", "mask_search", "reflective_code")
-SHARING_MODES = ("sp", "ip", "ip_instance", "custom", "partial")  # partial: the workflow graph's own groups
+SHARING_MODES = ("sp", "ip", "ip_instance", "custom", "partial", "paper")
+# modes whose groups a workflow graph declares under a key of the mode's name: partial (the graph's own
+# partial sharing) and paper (UnityMAS-O's paper's mapping of the workflow's agents onto models)
+GRAPH_SHARING_MODES = ("partial", "paper")
 ENGINES = ("local", "verl")
 VERL_PLACEMENTS = ("colocate", "split")
 VERL_DEVICES = ("auto", "cpu", "cuda")

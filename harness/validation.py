@@ -435,7 +435,7 @@ def validate(cfg: CellConfig) -> None:
     _check_budgets(cfg, model_path)
     # the workflow checks its own roles against sharing groups and prompt overrides
     workflow = build_workflow(cfg)
-    PolicyMap.from_config(cfg, workflow.role_instances(), workflow.partial_groups())
+    PolicyMap.from_config(cfg, workflow.role_instances(), workflow.sharing_maps())
     if hasattr(workflow, "spec"):  # a graph: every node's template must exist
         templates = {**workflow.templates(), **cfg.workflow.prompts}
         for node in workflow.spec.nodes.values():

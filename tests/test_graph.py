@@ -111,6 +111,8 @@ def _graph(tmp_path, text):
     ("roles: {s: {contract: answer}}\nnodes: {a: {role: s, prompt: nowhere, inputs: {question: question}}}\nfinal: a\n",
      "uses prompt template 'nowhere'"),
     ("roles: {s: {contract: essay}}\nnodes: {a: {role: s}}\nfinal: a\n", "unknown contract 'essay'"),
+    ("roles: {s: {contract: answer}}\nnodes: {a: {role: s, inputs: {question: question}}}\nfinal: a\n"
+     "paper: {one: [s, critic]}\n", "paper sharing group one names unknown role(s) critic"),
 ])
 def test_bad_graphs_are_one_clear_error(tmp_path, text, message):
     with pytest.raises(ConfigError) as caught:

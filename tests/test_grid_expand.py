@@ -300,3 +300,12 @@ def test_a_graph_files_cell_from_the_sweep_trains(tmp_path, warm_model_dir):
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1] and "role/judge/accuracy" in metrics[-1]
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
+
+
+def test_the_unitymas_sweep_takes_the_papers_sharing_on_its_axis():
+    cfg = compose(["sweep=unitymas", "sweep.axes.sharing=[paper]", "sweep.axes.scale=[tiny-s]"])
+    cells = expand(cfg.sweep, cfg.cluster, "runs")
+    assert sorted(c.cell_id for c in cells if not c.is_baseline) == [
+        "mask_search-paper-search-tiny-s-s0", "qd_retrieve_answer-paper-search-tiny-s-s0",
+        "qd_retrieve_evidence_answer-paper-search-tiny-s-s0", "reflective_code-paper-verified_code-tiny-s-s0"]
+    check_cells(cells, strict=True)

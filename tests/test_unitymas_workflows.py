@@ -316,7 +316,7 @@ def test_a_prompt_override_from_the_command_line_reaches_a_built_in_graphs_own_t
     cfg = cell(tmp_path, "topology=mask_search", "task=qa-synth", "workflow.prompts.planner='first query for: {question}'")
     task = build_task(cfg)
     workflow = build_workflow(cfg, task)
-    policy_map = PolicyMap.from_config(cfg, workflow.role_instances(), workflow.partial_groups())
+    policy_map = PolicyMap.from_config(cfg, workflow.role_instances(), workflow.sharing_maps())
     prompts = Controller(cfg, task, workflow, policy_map, None).prompts  # what the cell's turns render from
     problem = task.problems("val")[0]
     episode = _episode(workflow, problem, lambda p: "STOP", prompts)

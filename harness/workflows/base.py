@@ -225,8 +225,9 @@ class Workflow(ABC):
         for it; a cell's workflow.role_max_new_tokens wins."""
         return {}
 
-    def partial_groups(self) -> Dict[str, List[str]]:
-        """sharing=partial: the workflow's own policy groups (policy -> roles); {} when it has none."""
+    def sharing_maps(self) -> Dict[str, Dict[str, List[str]]]:
+        """The workflow's own policy groups by sharing mode (`partial`, `paper`: policy -> roles);
+        {} when it declares none."""
         return {}
 
     def role_instances(self) -> List[Tuple[str, int]]:

@@ -21,6 +21,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Union
 import pandas as pd
 import yaml
 
+from harness.config import topology_label
 from harness.logging import iter_jsonl
 
 PathLike = Union[str, Path]
@@ -119,7 +120,7 @@ def _cell_row(run: Path) -> dict:
     extra = cfg.get("extra") or {}
     row = {
         "cell_id": cfg.get("cell_id") or run.name, "sweep": cfg.get("sweep"), "sweep_dir": str(run.parent),
-        "topology": cfg.get("topology"),
+        "topology": topology_label(cfg["topology"]) if cfg.get("topology") else None,  # a graph file by its stem
         "sharing": "sp" if cfg.get("topology") == "single" else cfg.get("sharing"), "task": cfg.get("task"),
         "task_axis": extra.get("task_axis", cfg.get("task")), "scale": cfg.get("scale"), "seed": cfg.get("seed"),
         "steps": cfg.get("steps"), "state": status.get("state", "pending"), "step": status.get("step", 0),

@@ -2,7 +2,8 @@
 baseline of every (scale, task, seed), each with a stable readable id and its resources.
 
 Axis values are files of the config groups in grid/conf/<axis>/<value>.yaml holding the cell
-overrides that value implies; the task axis (math, code) maps to a concrete task per kind of
+overrides that value implies; the topology axis also takes a path to a workflow graph .yaml file
+(its cells are labelled by the file's stem and run the graph); the task axis (math, code) maps to a concrete task per kind of
 scale (the tiny CPU model trains on the synthetic task, Qwen3 checkpoints on the real one).
 """
 from __future__ import annotations
@@ -72,8 +73,46 @@ def _load_axis(axis: str, value: str) -> Dict[str, Any]:
     """An axis value's overrides, read once per expansion (cells share them)."""
     path = CONF_DIR / axis / f"{value}.yaml"
     if not path.is_file():
-        raise GridError(f"unknown {axis} '{value}' in the sweep; valid choices: {', '.join(choices(axis))}")
+        raise GridError(f"unknown {axis} '{value}' in the sweep; valid choices: {_valid(axis)}")
     return OmegaConf.to_container(OmegaConf.load(path)) or {}
+
+
+def _valid(axis: str) -> str:
+    """An axis's valid values as an error lists them (the topology axis also takes graph files)."""
+    extra = ", or a path to a workflow graph .yaml file" if axis == "topology" else ""
+    return ", ".join(choices(axis)) + extra
+
+
+def topology_axis(values: List[Any]) -> Dict[str, Optional[str]]:
+    """The topology axis as label -> graph file: a name of grid/conf/topology maps to None; a path to
+    a workflow graph .yaml maps its stem (the readable label cell ids, exclusions and tables use) to
+    the absolute path its cells run (a job may start in another directory). A missing or broken
+    graph file, or a label two values would share, is a GridError before any cell is made."""
+    from harness.config import GRAPH_FILE_SUFFIXES, ConfigError
+    from harness.workflows.graph import load_graph
+
+    axis: Dict[str, Optional[str]] = {}
+    for value in map(str, values):
+        if not value.endswith(GRAPH_FILE_SUFFIXES):
+            _axis_overrides("topology", value)
+            label, graph = value, None
+        else:
+            path = Path(value).expanduser().resolve()
+            if not path.is_file():
+                raise GridError(f"unknown topology '{value}' in the sweep: no such graph file; "
+                                f"valid choices: {_valid('topology')}")
+            label, graph = path.stem, str(path)
+            if label in choices("topology"):
+                raise GridError(f"graph file {value} has the name of the built-in topology {label}: "
+                                f"rename the file so its cells' ids tell the two apart")
+            try:
+                load_graph(path)
+            except ConfigError as exc:
+                raise GridError(f"topology {value}: {exc}") from None
+        if label in axis and axis[label] != graph:
+            raise GridError(f"topology axis: two graph files are named {label}: rename one so their cells' ids differ")
+        axis[label] = graph
+    return axis
 
 
 TASK_DATA = ("checkpoint", "study")  # sweep.task_data: what the task axis maps to on Qwen3 scales
@@ -154,7 +193,9 @@ def _merge(*parts: Dict[str, Any]) -> Dict[str, Any]:
 
 def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
     axes = {name: list(sweep.axes[name]) for name in AXES}
-    for name in ("topology", "sharing", "scale", "task"):
+    graphs = topology_axis(axes["topology"])
+    axes["topology"] = list(graphs)
+    for name in ("sharing", "scale", "task"):
         for value in axes[name]:
             _axis_overrides(name, value)  # unknown values fail before anything else happens
     bad_seeds = [s for s in axes["seed"] if isinstance(s, bool) or not str(s).lstrip("-").isdigit() or int(s) < 0]
@@ -176,7 +217,7 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
             if any(_matches({**point, **extra}, rule) for rule in excluded):
                 continue
             extra_overrides = [extra_axes[name][label] or {} for name, label in extras]
-            cell = _make_cell(point, extra, base, extra_overrides, sweep.name, root, cluster, data)
+            cell = _make_cell(point, extra, base, extra_overrides, sweep.name, root, cluster, data, graphs[topology])
             if sweep.get("baseline", True) and topology != "single":
                 shared = [(name, label) for name, label in extras if name in paired]
                 baseline = _make_cell(baseline_point, dict(shared), base,
@@ -245,7 +286,9 @@ def _reference_run(cell: Cell, baseline: Cell) -> None:
 
 
 def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any], extra_overrides: List[dict],
-               sweep_name: str, root: str, cluster: DictConfig, data: Tuple[str, Optional[str]]) -> Cell:
+               sweep_name: str, root: str, cluster: DictConfig, data: Tuple[str, Optional[str]],
+               graph: Optional[str] = None) -> Cell:
+    """One cell; `graph` is the workflow graph file a topology label stands for (None: a named topology)."""
     identity = cell_id(point, extra)
     resources = resources_for(cluster, point["scale"])
     task = task_overrides(point["task"], point["scale"], *data, topology=point["topology"])
@@ -254,12 +297,12 @@ def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any
         _engine_placement(resources),
         {k: v for k, v in task.items() if k != "task"},
         base,
-        _axis_overrides("topology", point["topology"]),
+        {} if graph else _axis_overrides("topology", point["topology"]),
         _axis_overrides("sharing", point["sharing"]),
         _axis_overrides("scale", point["scale"]),
         gpu_type_overrides(cluster, resources, point["scale"]),
         *extra_overrides,
-        {"topology": point["topology"], "sharing": point["sharing"], "scale": point["scale"],
+        {"topology": graph or point["topology"], "sharing": point["sharing"], "scale": point["scale"],
          "task": task["task"], "seed": point["seed"],
          "sweep": sweep_name, "root": str(root), "cell_id": identity,
          "extra": {"task_axis": point["task"], **extra}},

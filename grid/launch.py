@@ -4,7 +4,8 @@
     action=status   print each cell's state, step, failure reason and log path
     dry_run=true    print the cells with their resources, GPU-hours reserved and checks; submit nothing
 
-Every axis can be overridden: `sweep.axes.seed=[0,1,2]`, `sweep.axes.topology=[voting]`,
+Every axis can be overridden: `sweep.axes.seed=[0,1,2]`, `sweep.axes.topology=[voting,flows/my_flow.yaml]`
+(a workflow graph file: its cells are named by the file's stem),
 `sweep.cell.steps=50`, `'+sweep.extra_axes.mitigation={none:{},balanced:{algo:{loss_agg:role-balanced}}}'`.
 Bad input (an unknown sweep, axis value or cluster profile, a shape the cluster cannot run, a missing
 model path) prints one error naming the valid choices, exits 2 and submits nothing.

@@ -69,7 +69,7 @@ def run_under_ray_up(cfg, overrides: Dict, path: Path) -> str:
     env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
     if resolve_device(cfg) == "cpu":  # verl's resource pools ask for GPUs: declare logical ones
         workflow = build_workflow(cfg)
-        n_policies = len(PolicyMap.from_config(cfg, workflow.role_instances(), workflow.partial_groups()).policies)
+        n_policies = len(PolicyMap.from_config(cfg, workflow.role_instances(), workflow.sharing_maps()).policies)
         cpus, gpus = logical_resources(cfg, n_policies)
         env.update(RAY_UP_NUM_CPUS=str(cpus), RAY_UP_NUM_GPUS=str(gpus))
     repo = Path(__file__).resolve().parents[1]

@@ -15,7 +15,10 @@ from typing import Any, Dict, List, Optional
 TOPOLOGIES = ("single", "eval_opt", "voting", "orch_workers")
 # UnityMAS-O's workflows A-D, shipped as graphs (harness/workflows/graphs/<name>.yaml)
 GRAPH_TOPOLOGIES = ("qd_retrieve_answer", "qd_retrieve_evidence_answer", "mask_search", "reflective_code")
-SHARING_MODES = ("sp", "ip", "ip_instance", "custom", "partial")  # partial: the workflow graph's own groups
+SHARING_MODES = ("sp", "ip", "ip_instance", "custom", "partial", "paper")
+# modes whose groups a workflow graph declares under a key of the mode's name: partial (the graph's own
+# partial sharing) and paper (UnityMAS-O's paper's mapping of the workflow's agents onto models)
+GRAPH_SHARING_MODES = ("partial", "paper")
 ENGINES = ("local", "verl")
 VERL_PLACEMENTS = ("colocate", "split")
 VERL_DEVICES = ("auto", "cpu", "cuda")
@@ -443,12 +446,21 @@ def default_cell_id(cfg: CellConfig) -> str:
     tail = "" if cfg.mitigation == "none" else f"-mitigation={cfg.mitigation}"
     if cfg.topology == "single":
         return f"single-{cfg.task}-{cfg.scale}-s{cfg.seed}{tail}"
-    topology = cfg.topology.replace("graph:", "graph-")
-    if ":" in topology:  # an import path package.module:NAME
-        topology = topology.rsplit(":", 1)[1]
-    elif topology.endswith((".yaml", ".yml")):
-        topology = topology.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
-    return f"{topology}-{cfg.sharing}-{cfg.task}-{cfg.scale}-s{cfg.seed}{tail}"
+    return f"{topology_label(cfg.topology)}-{cfg.sharing}-{cfg.task}-{cfg.scale}-s{cfg.seed}{tail}"
+
+
+GRAPH_FILE_SUFFIXES = (".yaml", ".yml")
+
+
+def topology_label(topology: str) -> str:
+    """A topology as cell ids and tables show it: a name as it is, a graph file by its stem
+    (`runs/my_flow.yaml` -> `my_flow`), `graph:voting` as `graph-voting`, an import path by its NAME."""
+    label = str(topology).replace("graph:", "graph-")
+    if ":" in label:  # an import path package.module:NAME
+        return label.rsplit(":", 1)[1]
+    if label.endswith(GRAPH_FILE_SUFFIXES):
+        return label.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    return label
 
 
 def monitor_start(cfg: "CellConfig") -> int:

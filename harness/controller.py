@@ -28,7 +28,7 @@ from harness.rewards import assign_rewards
 from harness.sharing import PolicyMap
 from harness.tasks import Problem, Task
 from harness.workflows import Agents, Episode, Scheduler, Workflow
-from harness.workflows.prompts import resolve_prompts
+from harness.workflows.prompts import cell_prompts
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Controller:
         self.workflow = workflow
         self.policy_map = policy_map
         self.engine = engine
-        self.prompts = {**workflow.templates(), **resolve_prompts(dict(cfg.workflow.prompts))}
+        self.prompts = cell_prompts(cfg.workflow, workflow.templates())
         roles = [r.name for r in workflow.roles()]
         # a graph's role may need at least some tokens (evidence, notes); a cell's per-role setting wins
         asked, default = workflow.role_budgets(), cfg.workflow.max_new_tokens

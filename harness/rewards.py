@@ -35,10 +35,7 @@ def weights_for(cfg: RewardConfig, role: str) -> Dict[str, float]:
 @lru_cache(maxsize=None)
 def load_allocator(path: str) -> Callable:
     """`package.module:function`, imported once; ValueError naming what is wrong."""
-    try:
-        function = import_object(path)
-    except ValueError as exc:
-        raise ValueError(f"reward.allocator {exc}") from None
+    function = import_object(path, "reward.allocator")
     if not callable(function):
         raise ValueError(f"reward.allocator '{path}' is not callable")
     return function

@@ -114,7 +114,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
             f"{resume.checkpoint.name if resume.checkpoint else 'step 0'}")
     task = build_task(cfg)
     workflow = build_workflow(cfg, task)
-    policy_map = PolicyMap.from_config(cfg, workflow.role_instances(), workflow.partial_groups())
+    policy_map = PolicyMap.from_config(cfg, workflow.role_instances(), workflow.sharing_maps())
     model_dir = prepare_model(cfg, task, log=log)
 
     run_dir.path.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from harness.config import ConfigError
+from harness.config import GRAPH_SHARING_MODES, ConfigError
 
 RoleInstance = Tuple[str, int]
 
@@ -30,9 +30,10 @@ class PolicyMap:
 
     @classmethod
     def from_config(cls, cfg, role_instances: Sequence[RoleInstance],
-                    partial: Optional[Dict[str, List[str]]] = None) -> "PolicyMap":
-        """`partial` is the workflow's own grouping (UnityMAS-O's partial sharing, e.g. M-ASK's
-        search-behaviour agents on one model and its knowledge agents on another)."""
+                    maps: Optional[Dict[str, Dict[str, List[str]]]] = None) -> "PolicyMap":
+        """`maps` are the workflow's own groupings by mode: `partial` (UnityMAS-O's partial sharing,
+        e.g. M-ASK's search-behaviour agents on one model and its knowledge agents on another) and
+        `paper` (the agents-to-models mapping UnityMAS-O's paper trains each workflow with)."""
         mode = cfg.sharing
         if getattr(cfg, "models", None):  # UnityMAS-O's phi: each model instance is one policy
             return cls("models", _custom({name: list(m.roles) for name, m in cfg.models.items()}, role_instances))
@@ -49,16 +50,19 @@ class PolicyMap:
             return cls(mode, {(r, i): (r if counts[r] == 1 else f"{r}_{i}") for r, i in role_instances})
         if mode == "custom":
             return cls(mode, _custom(cfg.sharing_cfg.groups, role_instances))
-        if mode == "partial":
-            if not partial:
-                raise ConfigError(f"sharing=partial needs a workflow graph that declares its partial: groups; "
+        if mode in GRAPH_SHARING_MODES:
+            groups = (maps or {}).get(mode)
+            if not groups:
+                raise ConfigError(f"sharing={mode} needs a workflow graph that declares its {mode}: groups; "
                                   f"topology {cfg.topology} declares none (use sp, ip, ip_instance or custom)")
-            return cls(mode, _custom(partial, role_instances))
+            return cls(mode, _custom(groups, role_instances, f"sharing={mode}"))
         raise ConfigError(f"unknown sharing mode '{mode}'")
 
 
-def _custom(groups: Dict[str, List[str]], role_instances: Sequence[RoleInstance]) -> Dict[RoleInstance, str]:
-    """Members are 'role' (all its instances) or 'role:instance'; each instance in exactly one group."""
+def _custom(groups: Dict[str, List[str]], role_instances: Sequence[RoleInstance],
+            where: str = "sharing=custom") -> Dict[RoleInstance, str]:
+    """Members are 'role' (all its instances) or 'role:instance'; each instance in exactly one group.
+    `where` names the groups' source in the message (custom's or a graph's own)."""
     assignment: Dict[RoleInstance, str] = {}
     known = {f"{r}:{i}" for r, i in role_instances} | {r for r, _ in role_instances}
     for policy, members in groups.items():
@@ -73,5 +77,5 @@ def _custom(groups: Dict[str, List[str]], role_instances: Sequence[RoleInstance]
                     assignment[(r, i)] = policy
     missing = [f"{r}:{i}" for r, i in role_instances if (r, i) not in assignment]
     if missing:
-        raise ConfigError(f"sharing=custom leaves {', '.join(missing)} without a policy; add them to a group")
+        raise ConfigError(f"{where} leaves {', '.join(missing)} without a policy; add them to a group")
     return assignment

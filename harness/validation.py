@@ -21,10 +21,11 @@ from typing import Any, Dict, Optional, Sequence, Union, get_args, get_origin, g
 
 from omegaconf import OmegaConf
 
+from harness.cli_overrides import close_keys
 from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, DATA_SPLITS, ENGINES,
                             GRAPH_TOPOLOGIES, LOCAL_DEVICES, LOCAL_DTYPES, LOSS_AGG_MODES, LR_SCHEDULES,
                             MODEL_TRAINING, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES,
-                            VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
+                            VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS, DEFAULT_PROMPTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
 from harness.mitigations import apply_mitigations, mitigation_names
 from harness.models import SCALES, RandomQwen3, is_tiny, positions_of, resolve_model_path
 from harness.sharing import PolicyMap
@@ -51,11 +52,21 @@ def load_config(overrides: Sequence[str]) -> CellConfig:
     register_configs()
     try:
         with initialize(version_base=None, config_path=None):
-            composed = compose(config_name="cell", overrides=list(overrides))
+            composed = compose(config_name="cell", overrides=_prompts_set_or_added(overrides))
         cfg: CellConfig = OmegaConf.to_object(composed)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_override_error(exc)) from None
     return _complete(cfg)
+
+
+PROMPTS_KEY = "workflow.prompts."
+
+
+def _prompts_set_or_added(overrides: Sequence[str]) -> list:
+    """`workflow.prompts.<name>=...` sets any template, a graph's own too: Hydra's struct would ask for
+    `+` where the built-in defaults lack the name, so the key is set or added (`++`) and validate()
+    checks the name against the workflow's templates."""
+    return [f"++{o}" if o.startswith(PROMPTS_KEY) else o for o in overrides]
 
 
 def config_from_dict(values: dict) -> CellConfig:
@@ -424,7 +435,7 @@ def validate(cfg: CellConfig) -> None:
     _check_budgets(cfg, model_path)
     # the workflow checks its own roles against sharing groups and prompt overrides
     workflow = build_workflow(cfg)
-    PolicyMap.from_config(cfg, workflow.role_instances(), workflow.partial_groups())
+    PolicyMap.from_config(cfg, workflow.role_instances(), workflow.sharing_maps())
     if hasattr(workflow, "spec"):  # a graph: every node's template must exist
         templates = {**workflow.templates(), **cfg.workflow.prompts}
         for node in workflow.spec.nodes.values():
@@ -432,6 +443,7 @@ def validate(cfg: CellConfig) -> None:
             if node.role is not None and name not in templates:
                 raise ConfigError(f"graph node {node.id} uses prompt template '{name}', which neither the cell nor the "
                                   f"graph's prompts: define; defined: {', '.join(sorted(templates))}")
+    _check_prompt_names(cfg, workflow)
     _check_role_settings(cfg, workflow)
     # per-role settings may name roles of other topologies (one sweep, many topologies), not typos
     known = sorted({r.name for w in WORKFLOWS.values() for r in w(None, cfg.workflow).roles()}
@@ -441,6 +453,22 @@ def validate(cfg: CellConfig) -> None:
         unknown = sorted(set(roles) - set(known))
         if unknown:
             raise ConfigError(f"{where} names unknown role(s) {', '.join(unknown)}; valid roles: {', '.join(known)}")
+
+
+def _check_prompt_names(cfg: CellConfig, workflow) -> None:
+    """Every `workflow.prompts.<name>` names a template: a built-in topology's (one sweep may set them
+    for many topologies) or one of the workflow's own; a typo would leave the turn's prompt as it was."""
+    own = workflow.template_names()
+    unknown = sorted(set(cfg.workflow.prompts) - set(DEFAULT_PROMPTS) - set(own))
+    if not unknown:
+        return
+    name = unknown[0]
+    if own:
+        raise ConfigError(f"workflow.prompts.{name}: workflow graph {workflow.name} has no prompt template '{name}'; "
+                          f"its templates: {', '.join(own)} (the built-in topologies' {', '.join(DEFAULT_PROMPTS)} "
+                          f"are taken too){close_keys(name, own)}")
+    raise ConfigError(f"workflow.prompts.{name}: topology {cfg.topology} has no prompt template '{name}'; valid keys "
+                      f"of workflow.prompts: {', '.join(DEFAULT_PROMPTS)}{close_keys(name, list(DEFAULT_PROMPTS))}")
 
 
 def _check_role_settings(cfg: CellConfig, workflow) -> None:

@@ -33,7 +33,7 @@ from harness.models import (SCALES, RandomQwen3, TinySize, build_random_qwen3, b
                             cache_root, chat_prompt, resolve_model_path)
 from harness.tasks import WARMUP_TASKS, Problem, Task, WarmupSupport
 from harness.workflows.contracts import ACCEPT, REVISE
-from harness.workflows.prompts import resolve_prompts
+from harness.workflows.prompts import cell_prompts, resolve_prompts
 
 WARMUP_VERSION = 1
 RANDOM_SEED = 0  # the random Qwen3 base of scale qwen3-tok
@@ -102,7 +102,7 @@ def graph_templates(cfg, task: Task) -> Dict[str, str]:
     templates.update(build_workflow(cfg, task).templates())
     if demonstrate is None or not templates:
         return {}
-    prompts = {**templates, **resolve_prompts(dict(cfg.workflow.prompts))}
+    prompts = cell_prompts(cfg.workflow, templates)
     probe = task.problems("train")[0]
     return {name: prompts[name] for name in sorted(templates)
             if demonstrate(name, prompts, probe, random.Random(0)) is not None}
@@ -158,7 +158,7 @@ def warm_up(cfg, size, task: Task, out_dir: Path, log: Callable[[str], None] = p
     """Build tokenizer + tiny model, train on role demonstrations, save to out_dir."""
     started = time.time()
     graph = graph_templates(cfg, task)
-    prompts = {**graph, **resolve_prompts(dict(cfg.workflow.prompts))}
+    prompts = cell_prompts(cfg.workflow, graph)
     extra = sorted(graph)
     rng = random.Random(WARMUP_SEED)
     train = task.problems("train")

@@ -111,6 +111,8 @@ def _graph(tmp_path, text):
     ("roles: {s: {contract: answer}}\nnodes: {a: {role: s, prompt: nowhere, inputs: {question: question}}}\nfinal: a\n",
      "uses prompt template 'nowhere'"),
     ("roles: {s: {contract: essay}}\nnodes: {a: {role: s}}\nfinal: a\n", "unknown contract 'essay'"),
+    ("roles: {s: {contract: answer}}\nnodes: {a: {role: s, inputs: {question: question}}}\nfinal: a\n"
+     "paper: {one: [s, critic]}\n", "paper sharing group one names unknown role(s) critic"),
 ])
 def test_bad_graphs_are_one_clear_error(tmp_path, text, message):
     with pytest.raises(ConfigError) as caught:
@@ -143,7 +145,7 @@ def test_a_tool_node_computes_from_the_state_and_can_be_final(tmp_path, warm_mod
         answers = "; ".join(_answer(t) for t in episode.turns)
         assert episode.final_text == majority(answers) and [t.role for t in episode.turns] == ["voter"] * 3
         assert episode.grade.correct == (episode.final_text == episode.problem.answer)
-    with pytest.raises(ConfigError, match="cannot be loaded"):
+    with pytest.raises(ConfigError, match="^node t: tool 'tests.graph_tools:nothing' cannot be loaded: .*nothing"):
         cell(tmp_path, _graph(tmp_path, "roles: {}\nnodes: {t: {tool: 'tests.graph_tools:nothing'}}\nfinal: t\n"))
 
 
@@ -161,7 +163,8 @@ def test_an_import_path_names_a_graph_or_a_workflow_class(tmp_path, warm_model_d
     own = cell(tmp_path, "topology=harness.workflows.voting:Voting", "sharing=ip")
     assert [r.name for r in build_workflow(own).roles()] == ["voter", "aggregator"]
     for bad, message in (("tests.graph_tools:majority", "neither a graph dict nor a Workflow class"),
-                         ("tests.nowhere:X", "cannot be loaded")):
+                         ("tests.nowhere:X", "^topology 'tests.nowhere:X' cannot be loaded: No module named 'tests.nowhere'"),
+                         ("tests.graph_tools:", "^topology must read 'package.module:function'")):
         with pytest.raises(ConfigError, match=message):
             cell(tmp_path, f"topology={bad}")
 
@@ -186,3 +189,20 @@ def test_a_retrieval_tool_node_puts_passages_into_the_next_prompt(tmp_path, warm
     for episode in episodes:  # the tool's output is the prompt's context, as the retriever gives it
         question = episode.problem.question
         assert episode.turns[0].prompt == f"context: {retrieve(question, str(corpus), 1)}\nsolve: {question}"
+
+
+def test_a_prompt_override_from_the_command_line_reaches_a_graph_files_own_template(tmp_path, warm_model_dir):
+    graph = tmp_path / "my_flow.yaml"
+    graph.write_text(textwrap.dedent(MY_FLOW).replace('judge_pick: "pick', 'voter: "ask: {question}"\n  judge_pick: "pick'))
+    episodes, _ = _rollout(tmp_path / "runs", str(graph), "sharing=ip",
+                           "workflow.prompts.judge_pick='choose one for {question}: {candidates}'")
+    for episode in episodes:  # a real episode of the tiny model: the override renders the judge's turn
+        question = episode.problem.question
+        voters, judge = episode.turns[:2], episode.turns[2]
+        assert judge.role == "judge" and judge.prompt.startswith(f"choose one for {question}: 0: ")
+        assert [t.prompt for t in voters] == [f"ask: {question}"] * 2  # the graph's own voter, not the built-in one
+    cfg = cell(tmp_path / "runs", f"topology={graph}", "workflow.prompts.voter='v2: {question}'")
+    task = build_task(cfg)
+    workflow = build_workflow(cfg, task)
+    prompts = Controller(cfg, task, workflow, PolicyMap.from_config(cfg, workflow.role_instances()), None).prompts
+    assert prompts["voter"] == "v2: {question}" and prompts["judge_pick"] == "pick: {question}\n{candidates}"

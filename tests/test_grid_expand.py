@@ -1,6 +1,8 @@
 """Sweep expansion, dry runs and bad input for the grid launcher (no cluster needed)."""
+import json
 import subprocess
 import sys
+import textwrap
 
 import pytest
 from omegaconf import OmegaConf
@@ -116,6 +118,10 @@ def line_gpu_column(lines):
     (["sweep=smoke", "cluster=mars"], "valid choices: example_gpu, local, study"),
     (["sweep=smoke", "launcher=pbs"], "valid choices: local, slurm"),
     (["sweep=smoke", "sweep.axes.topology=[star]"], "unknown topology 'star' in the sweep; valid choices: eval_opt"),
+    (["sweep=smoke", "sweep.axes.topology=[nowhere/my_flow.yaml,voting]"],
+     "unknown topology 'nowhere/my_flow.yaml' in the sweep: no such graph file; valid choices: eval_opt, mask_search, "
+     "orch_workers, qd_retrieve_answer, qd_retrieve_evidence_answer, reflective_code, single, voting, "
+     "or a path to a workflow graph .yaml file"),
     (["sweep=smoke", "sweep.axes.scale=[huge]"], "unknown scale 'huge'"),
     (["sweep=smoke", "sweep.axes.task=[chess]"], "unknown task 'chess' in the sweep; valid choices: arith, code, math"),
     (["sweep=smoke", "action=restart"], "unknown action 'restart'; valid choices: launch, status"),
@@ -129,7 +135,7 @@ def test_bad_input_submits_nothing(tmp_path, capsys, monkeypatch, overrides, mes
     root = tmp_path / "runs"
     assert main([f"root={root}", *overrides]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err, err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1, err
     assert not root.exists()
 
 
@@ -242,3 +248,64 @@ def test_a_bad_exclusion_or_extra_axis_is_one_clear_error():
         cfg = compose(["sweep=smoke", override])
         with pytest.raises(GridError, match=message.replace("{", r"\{").replace("}", r"\}")):
             expand(cfg.sweep, cfg.cluster, "runs")
+
+
+def _graph_file(path):
+    from tests.test_graph import MY_FLOW
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(MY_FLOW))
+    return path
+
+
+def test_a_graph_file_on_the_topology_axis_expands_into_cells_named_by_its_stem(tmp_path, capsys, monkeypatch):
+    _graph_file(tmp_path / "flows" / "my_flow.yaml")
+    monkeypatch.chdir(tmp_path)  # a path relative to where the sweep is launched
+    axis = ["sweep=smoke", "sweep.axes.topology=[flows/my_flow.yaml,voting]", "+sweep.exclude=[{topology: my_flow, sharing: sp}]"]
+    assert main([f"root={tmp_path / 'runs'}", *axis, "dry_run=true"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:-1]}
+    assert set(rows) == {"my_flow-ip-math-tiny-m-s0", "voting-sp-math-tiny-m-s0", "voting-ip-math-tiny-m-s0",
+                         "single-math-tiny-m-s0"}  # the graph's sp cell excluded by its label
+    assert all(row.rstrip().endswith(" ok") for row in rows.values())
+    assert not (tmp_path / "runs").exists()
+    cfg = compose(axis)
+    cell = next(c for c in expand(cfg.sweep, cfg.cluster, "runs") if c.cell_id == "my_flow-ip-math-tiny-m-s0")
+    # the cell runs the file wherever its job starts; its axes and baseline read as the named topologies' do
+    assert cell.overrides["topology"] == str(tmp_path.resolve() / "flows" / "my_flow.yaml")
+    assert cell.axes["topology"] == "my_flow" and cell.baseline_id == "single-math-tiny-m-s0"
+
+
+def test_a_graph_file_named_like_a_topology_or_like_another_file_or_broken_is_one_error(tmp_path):
+    voting, first, second = (_graph_file(tmp_path / name) for name in ("voting.yaml", "a/my_flow.yaml", "b/my_flow.yaml"))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("roles: {}\nnodes: {}\nfinal: x\n")
+    for axis, message in (([voting], "has the name of the built-in topology voting: rename the file"),
+                          ([first, second], "two graph files are named my_flow"),
+                          ([broken], f"topology {broken}: workflow graph broken has no nodes")):
+        cfg = compose(["sweep=smoke", f"sweep.axes.topology=[{','.join(map(str, axis))}]"])
+        with pytest.raises(GridError, match=message):
+            expand(cfg.sweep, cfg.cluster, "runs")
+
+
+def test_a_graph_files_cell_from_the_sweep_trains(tmp_path, warm_model_dir):
+    from harness.run import run_cell
+    from harness.validation import config_from_dict
+
+    graph = _graph_file(tmp_path / "my_flow.yaml")
+    cfg = compose(["sweep=smoke", f"sweep.axes.topology=[{graph}]", "sweep.axes.sharing=[ip]", "sweep.baseline=false",
+                   "sweep.cell.steps=2", "sweep.cell.val_every=1", "sweep.cell.val_problems=4", f"root={tmp_path}"])
+    [cell] = expand(cfg.sweep, cfg.cluster, str(tmp_path))
+    run_cell(config_from_dict({**cell.overrides, "wandb": {"enabled": False}, "report": False}), log=lambda *_: None)
+    run = tmp_path / "smoke" / "my_flow-ip-math-tiny-m-s0"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1] and "role/judge/accuracy" in metrics[-1]
+    assert json.loads((run / "status.json").read_text())["state"] == "finished"
+
+
+def test_the_unitymas_sweep_takes_the_papers_sharing_on_its_axis():
+    cfg = compose(["sweep=unitymas", "sweep.axes.sharing=[paper]", "sweep.axes.scale=[tiny-s]"])
+    cells = expand(cfg.sweep, cfg.cluster, "runs")
+    assert sorted(c.cell_id for c in cells if not c.is_baseline) == [
+        "mask_search-paper-search-tiny-s-s0", "qd_retrieve_answer-paper-search-tiny-s-s0",
+        "qd_retrieve_evidence_answer-paper-search-tiny-s-s0", "reflective_code-paper-verified_code-tiny-s-s0"]
+    check_cells(cells, strict=True)

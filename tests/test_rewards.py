@@ -68,8 +68,8 @@ def test_a_user_allocator_writes_the_turn_rewards(tmp_path, warm_model_dir):
     ("reward.gamma=0", "reward.gamma must be in (0, 1]"),
     ("reward.gamma=1.5", "reward.gamma must be in (0, 1]"),
     ("reward.outcome_share_mode=half", "valid choices: full, split"),
-    ("reward.allocator=tests.reward_allocators", "must read 'package.module:function'"),
-    ("reward.allocator=tests.reward_allocators:missing", "cannot be loaded"),
+    ("reward.allocator=tests.reward_allocators", "reward.allocator must read 'package.module:function'"),
+    ("reward.allocator=tests.reward_allocators:missing", "reward.allocator 'tests.reward_allocators:missing' cannot be loaded"),
     ("reward.allocator=tests.reward_allocators:NOT_A_FUNCTION", "is not callable"),
 ])
 def test_bad_reward_settings_are_one_error(tmp_path, override, message):

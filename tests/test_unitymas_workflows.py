@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from omegaconf import OmegaConf
 
-from harness.config import CodeSynthConfig, QASynthConfig, SandboxConfig
+from harness.config import CodeSynthConfig, ConfigError, QASynthConfig, SandboxConfig
 from harness.instrument.rollout import rollout_metrics
 from harness.tasks.code import CodeSynthTask
 from harness.tasks.qa_synth import QASynthTask
@@ -71,13 +71,14 @@ def test_search_and_text_contracts_parse_as_documented():
     assert parse_text("a\nb")[1] and not parse_text("a\nb", tolerant=True)[1]
 
 
-def _episode(workflow, problem, script):
-    """One episode with scripted replies (reply = script(prompt)): the control flow alone."""
+def _episode(workflow, problem, script, prompts=None):
+    """One episode with scripted replies (reply = script(prompt)): the control flow alone, its turns
+    rendered from `prompts` (default: the graph's own templates)."""
     def generate(policy, prompts, sampling):
         return [Generation([1], [2] * len(script(p).split()), script(p), False) for p in prompts]
 
     scheduler = Scheduler(generate)
-    prompts = {**workflow.templates()}
+    prompts = {**workflow.templates()} if prompts is None else prompts
     roles = [r.name for r in workflow.roles()]
     agents = Agents(scheduler, lambda role, i: role, prompts, {r: 16 for r in roles}, 1.0, False)
     return scheduler.run([workflow.episode(problem, agents)])[0]
@@ -304,3 +305,33 @@ def test_the_verifiers_tool_runs_the_shown_example_in_the_jail_and_the_grade_run
     problem = code_task.problems("val")[0]
     assert run_shown(problem.answer, problem, code_task) == "pass"
     assert run_shown(code_task.wrong_answer(problem, random.Random(1)), problem, code_task) == "fail"
+
+
+def test_a_prompt_override_from_the_command_line_reaches_a_built_in_graphs_own_template(tmp_path):
+    from harness.controller import Controller
+    from harness.sharing import PolicyMap
+    from harness.tasks import build_task
+    from harness.workflows import build_workflow
+
+    cfg = cell(tmp_path, "topology=mask_search", "task=qa-synth", "workflow.prompts.planner='first query for: {question}'")
+    task = build_task(cfg)
+    workflow = build_workflow(cfg, task)
+    policy_map = PolicyMap.from_config(cfg, workflow.role_instances(), workflow.sharing_maps())
+    prompts = Controller(cfg, task, workflow, policy_map, None).prompts  # what the cell's turns render from
+    problem = task.problems("val")[0]
+    episode = _episode(workflow, problem, lambda p: "STOP", prompts)
+    planner, summarizer = episode.turns[0], episode.turns[1]
+    assert planner.role == "planner" and planner.prompt == f"first query for: {problem.question}"
+    assert summarizer.prompt.startswith(f"sum: {problem.question}\n")  # the graph's other templates as they were
+    assert cfg.workflow.prompts["planner"] == "first query for: {question}"  # cell.yaml records the override
+
+
+def test_a_prompt_override_naming_no_template_of_the_graph_is_one_error_naming_its_templates(tmp_path):
+    with pytest.raises(ConfigError, match="workflow.prompts.planer: workflow graph mask_search has no prompt template "
+                                          "'planer'; its templates: answerer, planner, searcher, summarizer, updater"):
+        cell(tmp_path, "topology=mask_search", "task=qa-synth", "workflow.prompts.planer='P: {question}'")
+    proc = subprocess.run(python_cmd() + [f"root={tmp_path / 'runs'}", "topology=reflective_code", "task=code-synth",
+                                          "workflow.prompts.judge=x"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "its templates: coder, coder_revise, planner, verifier" in proc.stderr
+    assert not (tmp_path / "runs").exists()

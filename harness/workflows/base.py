@@ -216,13 +216,18 @@ class Workflow(ABC):
         """Prompt templates the workflow brings itself (a graph's `prompts:`), besides the cell's."""
         return {}
 
+    def template_names(self) -> List[str]:
+        """The templates of its own that `workflow.prompts.<name>=...` may override, besides the built-in ones."""
+        return sorted(self.templates())
+
     def role_budgets(self) -> Dict[str, int]:
         """The fewest new tokens a role needs (a graph's `max_new_tokens`), raising the cell's default
         for it; a cell's workflow.role_max_new_tokens wins."""
         return {}
 
-    def partial_groups(self) -> Dict[str, List[str]]:
-        """sharing=partial: the workflow's own policy groups (policy -> roles); {} when it has none."""
+    def sharing_maps(self) -> Dict[str, Dict[str, List[str]]]:
+        """The workflow's own policy groups by sharing mode (`partial`, `paper`: policy -> roles);
+        {} when it declares none."""
         return {}
 
     def role_instances(self) -> List[Tuple[str, int]]:

@@ -33,9 +33,10 @@ Nodes by their role's contract, and the state fields they write (read as `<node>
   callable's return, e.g. `harness.tasks.qa:search`; with `for_each: <node>.items` one call per
   item (parallel retrieval per sub-query), `text` their results joined by newlines.
 A graph may define its own templates under `prompts:` (name -> text with `{field}`s), and per
-prompt set under `prompt_sets: {qwen3: {...}}` (real models' wording over the tiny one). A role
+prompt set under `prompt_sets: {qwen3: {...}}` (real models' wording over the tiny one); a cell's
+`workflow.prompts.<name>=...` overrides them (harness/workflows/prompts.py cell_prompts). A role
 may say it needs at least `max_new_tokens`; `partial: {policy: [roles]}` is what `sharing=partial`
-means for the graph; `count: {metric: node}` logs how often a node ran per episode
+means for the graph, `paper: {policy: [roles]}` what `sharing=paper` means (UnityMAS-O's paper's mapping); `count: {metric: node}` logs how often a node ran per episode
 (`episode/<metric>`, e.g. a loop's rounds); `rewards: {role: {node: 0.5}}` are the graph's default
 reward weights per role (a cell's reward.per_role wins).
 Inputs map a prompt field to `question`, `item`, `workflow.<field>` or `<node>.<field>`, the
@@ -53,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from harness.config import REWARD_TERMS, ConfigError
+from harness.config import GRAPH_FILE_SUFFIXES, GRAPH_SHARING_MODES, REWARD_TERMS, ConfigError
 from harness.imports import import_object
 from harness.workflows.base import Agents, Episode, RoleSpec, Turn, Workflow
 from harness.workflows.contracts import ACCEPT
@@ -114,7 +115,7 @@ class GraphSpec:
     final: str
     prompts: Dict[str, str] = field(default_factory=dict)  # the graph's own templates, by name
     budgets: Dict[str, int] = field(default_factory=dict)  # role -> max_new_tokens the graph asks for
-    partial: Dict[str, List[str]] = field(default_factory=dict)  # sharing=partial: policy -> roles
+    sharing: Dict[str, Dict[str, List[str]]] = field(default_factory=dict)  # sharing=partial|paper: policy -> roles
     counts: Dict[str, str] = field(default_factory=dict)  # episode metric -> the node whose runs it counts
     prompt_sets: Dict[str, Dict[str, str]] = field(default_factory=dict)  # e.g. qwen3: templates for real models
     rewards: Dict[str, Dict[str, float]] = field(default_factory=dict)  # role -> reward term weights (defaults)
@@ -173,7 +174,8 @@ def parse_graph(data: dict) -> GraphSpec:
             raise GraphError(f"edge {edge}: write [source, target] or [source, target, {{when: ..., max_rounds: ...}}]")
         edges.append(EdgeSpec(str(edge[0]), str(edge[1]), options.get("when"), options.get("max_rounds")))
     prompts = {str(k): str(v) for k, v in (data.get("prompts") or {}).items()}
-    partial = {str(k): [str(m) for m in v] for k, v in (data.get("partial") or {}).items()}
+    sharing = {mode: {str(k): [str(m) for m in v] for k, v in data[mode].items()}
+               for mode in GRAPH_SHARING_MODES if data.get(mode)}
     counts = {str(k): str(v) for k, v in (data.get("count") or {}).items()}
     prompt_sets = {str(s): {str(k): str(v) for k, v in (t or {}).items()} for s, t in (data.get("prompt_sets") or {}).items()}
     rewards = {}
@@ -184,7 +186,7 @@ def parse_graph(data: dict) -> GraphSpec:
                              + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
         rewards[str(role)] = {str(k): float(v) for k, v in (terms or {}).items()}
     spec = GraphSpec(str(data.get("name", "graph")), roles, nodes, edges, str(data["final"]), prompts, budgets,
-                     partial, counts, prompt_sets, rewards)
+                     sharing, counts, prompt_sets, rewards)
     _check(spec)
     return spec
 
@@ -243,10 +245,11 @@ def _check(spec: GraphSpec) -> None:
             raise GraphError(f"{where}: a verdict node judges an answer node: add judges: <node>")
         if node.for_each:
             _field_ref(spec, node.for_each, where)
-    for policy, members in spec.partial.items():
-        unknown = [m for m in members if m not in spec.roles]
-        if unknown:
-            raise GraphError(f"partial sharing group {policy} names unknown role(s) {', '.join(unknown)}")
+    for mode, groups in spec.sharing.items():
+        for policy, members in groups.items():
+            unknown = [m for m in members if m not in spec.roles]
+            if unknown:
+                raise GraphError(f"{mode} sharing group {policy} names unknown role(s) {', '.join(unknown)}")
     for metric, node in spec.counts.items():
         if node not in nodes:
             raise GraphError(f"count: {metric} names unknown node '{node}'")
@@ -313,13 +316,6 @@ def load_graph(source) -> GraphSpec:
     return parse_graph(read_graph(source))
 
 
-def _import(path: str):
-    try:
-        return import_object(path)
-    except ValueError as exc:
-        raise GraphError(str(exc)) from None
-
-
 @dataclass
 class _Result:
     turns: List[Turn]
@@ -334,7 +330,7 @@ class GraphWorkflow(Workflow):
         self.spec = spec
         self.name = spec.name
         super().__init__(task, cfg)
-        self.tools = {n.id: _import(n.tool) for n in spec.nodes.values() if n.kind == "tool"}
+        self.tools = {n.id: import_object(n.tool, f"node {n.id}: tool") for n in spec.nodes.values() if n.kind == "tool"}
 
     def _count(self, value) -> int:
         """A number, or `workflow.<field>` with an optional `+ k` / `- k` (e.g. `workflow.max_iterations - 1`)."""
@@ -350,11 +346,18 @@ class GraphWorkflow(Workflow):
         """The graph's templates, those of the cell's prompt set (`prompt_sets: {qwen3: ...}`) over them."""
         return {**self.spec.prompts, **self.spec.prompt_sets.get(getattr(self.cfg, "prompt_set", "tiny"), {})}
 
+    def template_names(self) -> List[str]:
+        """Every template the graph declares (any prompt set) or a node renders: what
+        `workflow.prompts.<name>=...` may override for this graph."""
+        used = {n.prompt or n.role for n in self.spec.nodes.values() if n.role is not None}
+        declared = set(self.spec.prompts).union(*self.spec.prompt_sets.values())
+        return sorted(used | declared)
+
     def role_budgets(self) -> Dict[str, int]:
         return dict(self.spec.budgets)
 
-    def partial_groups(self) -> Dict[str, List[str]]:
-        return {k: list(v) for k, v in self.spec.partial.items()}
+    def sharing_maps(self) -> Dict[str, Dict[str, List[str]]]:
+        return {mode: {k: list(v) for k, v in groups.items()} for mode, groups in self.spec.sharing.items()}
 
     def roles(self) -> List[RoleSpec]:
         """A role whose instances fan out over one input (voters) is a trajectory per instance in
@@ -488,17 +491,17 @@ def is_graph_topology(topology: str) -> bool:
     `package.module:NAME` to a graph dict or a Workflow class."""
     from harness.config import GRAPH_TOPOLOGIES
 
-    return topology in GRAPH_TOPOLOGIES or topology.endswith((".yaml", ".yml")) or ":" in topology
+    return topology in GRAPH_TOPOLOGIES or topology.endswith(GRAPH_FILE_SUFFIXES) or ":" in topology
 
 
 def graph_source(topology: str):
     """What `topology=` names: a YAML path, a graph dict, or a Workflow subclass (import paths)."""
     if ":" in topology and not topology.startswith("graph:"):
-        target = _import(topology)
+        target = import_object(topology, "topology")
         if isinstance(target, dict) or (isinstance(target, type) and issubclass(target, Workflow)):
             return target
         raise GraphError(f"topology={topology} names neither a graph dict nor a Workflow class")
-    if topology.startswith("graph:") or ":" not in topology and not topology.endswith((".yaml", ".yml")):
+    if topology.startswith("graph:") or ":" not in topology and not topology.endswith(GRAPH_FILE_SUFFIXES):
         name = topology.split(":", 1)[-1]
         path = GRAPH_DIR / f"{name}.yaml"
         if not path.is_file():

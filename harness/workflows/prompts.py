@@ -172,11 +172,26 @@ def style_of(workflow_cfg) -> ContractStyle:
 
 
 def resolve_prompts(overrides: Dict[str, str]) -> Dict[str, str]:
-    unknown = sorted(set(overrides) - set(DEFAULT_PROMPTS))
-    if unknown:
-        raise ConfigError(f"unknown prompt template(s) {unknown}; valid: {', '.join(DEFAULT_PROMPTS)}")
-    return {**DEFAULT_PROMPTS, **overrides}
+    """The built-in topologies' templates as the cell sets them (what the warm-up demonstrates for
+    them); a graph's own template names are cell_prompts' (validate() has checked every name)."""
+    return {**DEFAULT_PROMPTS, **{k: v for k, v in overrides.items() if k in DEFAULT_PROMPTS}}
 
 
-__all__ = ["DEFAULT_PROMPTS", "PROMPT_SETS", "STYLES", "ContractStyle", "apply_prompt_set", "family_of",
-           "resolve_prompts", "style_of"]
+def overridden(workflow_cfg) -> Dict[str, str]:
+    """The cell's `workflow.prompts.<name>=...` that its prompt set does not give: values a user set.
+    (A cell holds every built-in template, so presence alone does not tell an override.)"""
+    sets = [DEFAULT_PROMPTS, *TEMPLATES.get(workflow_cfg.prompt_set, {}).values()]
+    return {name: text for name, text in dict(workflow_cfg.prompts).items()
+            if all(text != templates.get(name) for templates in sets)}
+
+
+def cell_prompts(workflow_cfg, own: Dict[str, str]) -> Dict[str, str]:
+    """The templates a cell's turns render: the built-in ones (its prompt set), the workflow's own
+    over them (a graph's `prompts:`), the cell's overrides over both. So a graph's template of a
+    built-in name (`voter`) is not lost to the cell's default, and `workflow.prompts.<name>=...`
+    reaches a graph's template as it reaches a built-in one."""
+    return {**resolve_prompts(dict(workflow_cfg.prompts)), **own, **overridden(workflow_cfg)}
+
+
+__all__ = ["DEFAULT_PROMPTS", "PROMPT_SETS", "STYLES", "ContractStyle", "apply_prompt_set", "cell_prompts",
+           "family_of", "overridden", "resolve_prompts", "style_of"]

@@ -178,7 +178,27 @@ class ArithConfig:
     n_val: int = 200
 
 
-ACTIONS = ("log", "alert", "stop")
+ACTIONS = ("log", "alert", "stop", "mitigate")
+MONITORED = ("amplification", "capture", "drift", "collapse", "nonfinite")  # MonitorConfig's detectors
+
+
+def matched_mitigations() -> Dict[str, str]:
+    """Alert kind -> the mitigation that removes the cause its detector names (harness/mitigations.py):
+    amplification: n instances give their adapter n times the optimizer steps, and role_count_scaling
+    gives it one instance's; capture: a role's tokens weigh its share of a shared loss, and
+    role_balanced weighs roles equally; length drift: a judging role is paid to lengthen, and
+    length_penalty charges its tokens; collapse names no cause, and kl_anchor holds every role near
+    the base; a non-finite step is skipped already."""
+    return {"amplification": "role_count_scaling", "capture": "role_balanced", "length_drift": "length_penalty",
+            "collapse": "kl_anchor", "non_finite": "none"}
+
+
+def control_mitigations() -> Dict[str, str]:
+    """Alert kind -> a mitigation aimed at the other failure mode: an intervention's control arm. If it
+    saves a cell as often as the matched one, the save says "any change helps", not "the diagnosis
+    was right"."""
+    return {"amplification": "length_penalty", "capture": "coherence_reg", "length_drift": "coherence_reg",
+            "collapse": "length_penalty", "non_finite": "none"}
 
 
 @dataclass
@@ -254,6 +274,11 @@ class NonFiniteConfig:
 
 @dataclass
 class MonitorConfig:
+    # every detector's action at once when set (log, alert, stop, mitigate); else each its own `action`
+    action: Optional[str] = None
+    # mitigate: the running cell switches on its alert's mitigation from the next step (local engine)
+    mitigations: Dict[str, str] = field(default_factory=matched_mitigations)
+    controls: Dict[str, str] = field(default_factory=control_mitigations)  # harness.intervene's `control` arm
     debounce: int = 25  # steps before the same alert (kind, role, policy, signal) may fire again
     # no alert before this step (detectors still read every record): an alert before the run has
     # learned anything can only say which setting the cell was trained in. None: the cell's first

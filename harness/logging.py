@@ -135,9 +135,10 @@ class RunDir:
 
         return find_resume_point(self.checkpoints, self.pointer_target())
 
-    def save_checkpoint(self, step: int, write, keep: int = 2) -> Path:
+    def save_checkpoint(self, step: int, write, keep: int = 2, pin: bool = False) -> Path:
         """`write(dir)` fills a fresh directory, a checksum manifest seals it, and only then does the
-        pointer flip; the newest `keep` step checkpoints stay."""
+        pointer flip; the newest `keep` step checkpoints stay, and every pinned one (the state at an
+        alert, where harness.intervene branches)."""
         from harness.checkpoints import step_of, write_manifest
 
         name = f"step_{step:07d}"
@@ -150,10 +151,20 @@ class RunDir:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         write_atomic(self.checkpoints / "latest.json", json.dumps({"dir": name, "step": step}))
+        pinned = self.pinned_checkpoints() | ({name} if pin else set())
+        if pin:
+            write_atomic(self.checkpoints / "pinned.json", json.dumps(sorted(pinned)))
         steps = sorted((p for p in self.checkpoints.glob("step_*") if p.is_dir()), key=step_of, reverse=True)
         for old in steps[max(keep, 1):]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old.name not in pinned:
+                shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def pinned_checkpoints(self) -> set:
+        try:
+            return set(json.loads((self.checkpoints / "pinned.json").read_text()))
+        except (FileNotFoundError, ValueError):
+            return set()
 
     def save_best(self, source: Path) -> None:
         tmp = self.checkpoints / ".tmp_best"

@@ -76,8 +76,17 @@ def mitigation_names(value: str) -> List[str]:
 def apply_mitigations(cfg: CellConfig, role_contracts: Optional[Mapping[str, str]] = None) -> None:
     """Set the knobs of every mitigation named in cfg.mitigation (idempotent). `role_contracts`
     (role -> contract, from the cell's workflow) tells length_penalty which roles judge."""
-    for name in mitigation_names(cfg.mitigation):
+    switch_on(cfg, cfg.mitigation, role_contracts)
+
+
+def switch_on(cfg: CellConfig, names: str, role_contracts: Optional[Mapping[str, str]] = None) -> List[str]:
+    """Set the knobs of the mitigations `names` ('a+b') names, in place: at build time for the cell's
+    own, or mid-run for a running cell's `action=mitigate` (the engine and controller read these knobs
+    at every step). Returns the names."""
+    chosen = mitigation_names(names)
+    for name in chosen:
         if name == "length_penalty":
             _length_penalty(cfg, role_contracts)
         else:
             MITIGATIONS[name](cfg)
+    return chosen

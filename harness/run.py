@@ -172,18 +172,36 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                 sink.alert(alert)
         run_dir.write_status("running", alerts=alert_counts, last_alert=alert.message)
 
+    mitigations = {}  # name -> the first step it trained under (action=mitigate)
+
+    def mitigate(alert_record: dict, from_step: int) -> None:
+        """Switch on an alert's mitigation in the live config; the engine and controller read it from
+        `from_step` on. Recorded in status.json; alerts.jsonl's record replays it on resume."""
+        from harness.mitigations import switch_on
+
+        for name in switch_on(cfg, alert_record.get("mitigation") or "none", role_contracts):
+            if name != "none" and name not in mitigations:
+                mitigations[name] = from_step
+                log(f"[mitigate] {name} from step {from_step} ({alert_record['kind']} at step {alert_record['step']})")
+        run_dir.write_status("running", mitigations=mitigations)
+
+    for record in written:  # replayed exactly: a mitigation switched on before the resume point
+        if record.get("action") == "mitigate" and int(record.get("step", 0)) < start:
+            mitigate(record, int(record["step"]) + 1)
     late = held_back(replayed, written, waiting) if waiting is not None else []  # judged only now
     for alert in late:
         emit(alert, late=True)
+        if alert.action == "mitigate":
+            mitigate(alert.record(), start)
     logged = {alert_key(record) for record in written} | {alert_key(alert.record()) for alert in late}
 
-    def save(step: int, best_val: float) -> Path:
+    def save(step: int, best_val: float, pin: bool = False) -> Path:
         def write(directory: Path) -> None:
             engine.save(directory)
             controller.save(directory)
             (directory / "trainer.yaml").write_text(OmegaConf.to_yaml(
                 {"step": step, "best_val": best_val, "waiting_for_paired_run": monitor.waiting_since()}))
-        return run_dir.save_checkpoint(step, write, keep=cfg.ckpt_keep)
+        return run_dir.save_checkpoint(step, write, keep=cfg.ckpt_keep, pin=pin)
 
     bar = _progress(cfg, start)
     state, reason, step = "finished", stop_reason(late), start - 1
@@ -208,11 +226,15 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                     emit(alert)
                 elif alert_key(alert.record()) not in logged:  # a step before the resume, still waiting then
                     emit(alert, late=True)
+            for alert in alerts:
+                if alert.action == "mitigate":
+                    mitigate(alert.record(), step + 1)
             reason = stop_reason(alerts)
+            alerted = any(alert.action != "log" for alert in alerts)  # kept: a branch point (harness.intervene)
             improved = metrics.get("val/accuracy", -1.0) > best
             best = max(best, metrics.get("val/accuracy", -1.0))
-            if (step + 1) % cfg.ckpt_every == 0 or step == cfg.steps - 1 or improved or reason:
-                latest = save(step + 1, best)
+            if (step + 1) % cfg.ckpt_every == 0 or step == cfg.steps - 1 or improved or reason or alerted:
+                latest = save(step + 1, best, pin=alerted)
                 if improved:
                     run_dir.save_best(latest)
                 run_dir.write_status("running", step=step + 1)
@@ -234,7 +256,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
             engine.shutdown()
         lock.close()
     run_dir.write_status(state, step=step + 1 if state == "stopped_early" else cfg.steps, best_val=best,
-                         reason=reason, finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                         reason=reason, mitigations=mitigations, finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
                          waiting_for_paired_run=monitor.waiting_since())  # judged later: monitors/settle.py
     if sink is not None:
         sink.finish(state)

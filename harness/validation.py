@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from harness.cli_overrides import close_keys
 from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, DATA_SPLITS, ENGINES,
                             GRAPH_TOPOLOGIES, LOCAL_DEVICES, LOCAL_DTYPES, LOSS_AGG_MODES, LR_SCHEDULES,
-                            MODEL_TRAINING, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES,
+                            MODEL_TRAINING, MONITORED, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES,
                             VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS, DEFAULT_PROMPTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
 from harness.mitigations import apply_mitigations, mitigation_names
 from harness.models import SCALES, RandomQwen3, is_tiny, positions_of, resolve_model_path
@@ -94,6 +94,9 @@ def _complete(cfg: CellConfig) -> CellConfig:
     """What both ways in do after reading: the mitigations' knobs, the model family's prompts,
     the default id, validation."""
     apply_mitigations(cfg, _role_contracts(cfg))
+    if cfg.monitors.action is not None:  # one switch for every detector, stored per detector
+        for name in MONITORED:
+            getattr(cfg.monitors, name).action = cfg.monitors.action
     apply_prompt_set(cfg.workflow, cfg.scale, "code" if cfg.task in CODE_TASKS else "math")
     apply_graph_rewards(cfg)
     if not cfg.cell_id:
@@ -392,8 +395,22 @@ def validate(cfg: CellConfig) -> None:
             raise ConfigError(f"algo.{name} must be > 0, got {value}")
     if cfg.algo.clip_ratio_c is not None and not cfg.algo.clip_ratio_c > 1:
         raise ConfigError(f"algo.clip_ratio_c (dual clip) must be > 1 or null, got {cfg.algo.clip_ratio_c}")
-    for name in ("amplification", "capture", "drift", "collapse", "nonfinite"):
+    if cfg.monitors.action is not None:
+        _choose("action (monitors.action)", cfg.monitors.action, ACTIONS)
+    for name in MONITORED:
         _choose(f"action (monitors.{name}.action)", getattr(cfg.monitors, name).action, ACTIONS)
+    for where, mapping in (("monitors.mitigations", cfg.monitors.mitigations),
+                           ("monitors.controls", cfg.monitors.controls)):
+        for kind, names in mapping.items():
+            try:
+                mitigation_names(names)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}.{kind}: {exc}") from None
+    mitigating = [n for n in MONITORED if getattr(cfg.monitors, n).action == "mitigate"]
+    if mitigating and (cfg.engine != "local" or cfg.models):
+        raise ConfigError(f"action=mitigate (monitors.{mitigating[0]}.action) switches a running cell's settings, "
+                          f"which only the single-model local engine reads live; use engine=local without models=, "
+                          f"or branch the run with python -m harness.intervene")
     if cfg.monitors.collapse.trend_window < 0 or cfg.monitors.collapse.trend_patience < 1:
         raise ConfigError(f"monitors.collapse.trend_window must be >= 0 (0: no early warning) and "
                           f"monitors.collapse.trend_patience >= 1, got {cfg.monitors.collapse.trend_window} and "

@@ -47,6 +47,7 @@ class Alert:
     action: str = "alert"
     signal: Optional[str] = None  # which of a detector's rules fired, where it has several (debounced apart)
     validation: Optional[str] = None  # what this kind of alert was shown to predict (monitors/calibration.py)
+    mitigation: Optional[str] = None  # action=mitigate: what the running cell switches on from the next step
 
     def record(self) -> dict:
         return asdict(self)

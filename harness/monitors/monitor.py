@@ -1,7 +1,8 @@
 """Runs every detector on each metrics record, debounces repeats and decides the action.
 
 Actions per detector: `log` (alerts.jsonl only), `alert` (also printed and sent to wandb),
-`stop` (alert, then the run ends cleanly with status stopped_early). The same
+`stop` (alert, then the run ends cleanly with status stopped_early), `mitigate` (alert, and the
+running cell switches on the kind's matched mitigation, monitors.mitigations, from the next step). The same
 (kind, role, policy, signal) does not fire again within `debounce` steps. On resume the replay's
 alerts that never reached alerts.jsonl (steps that waited for the paired run when the run died)
 are written then (`held_back`).
@@ -47,7 +48,9 @@ class Monitor:
                 continue
             self.last_fired[key] = alert.step
             validation = describe(self.calibration, alert.kind, alert.signal)
-            fired.append(replace(alert, validation=validation, message=f"{alert.message} ({validation})"))
+            mitigation = self.cfg.mitigations.get(alert.kind, "none") if alert.action == "mitigate" else None
+            fired.append(replace(alert, validation=validation, message=f"{alert.message} ({validation})",
+                                 mitigation=mitigation))
         return fired
 
     def waiting_since(self) -> Optional[int]:

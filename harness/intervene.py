@@ -3,7 +3,8 @@
     python -m harness.intervene runs/repro_mixed/voting-ip-math-tiny-m-s200-setting=mb2 \\
         --at first-alert [--kind amplification] --arms none,matched,control [--steps N] [--prepare-only]
 
-Each arm is an ordinary cell, `<cell>@<K>+<arm>` beside the run in its sweep folder: it starts from
+Each arm is an ordinary cell, `<cell>@<K>+<arm>`, in the folder `<sweep>-interventions` beside the
+run's sweep folder (so the sweep's own tables count each seed once): it starts from
 the run's newest verified checkpoint at or before the branch step (K steps done; a run keeps the
 checkpoint at each of its alerts), switches its arm's mitigation on from there and trains to the
 run's horizon (or `--steps`). Steps are seeded from (seed, step) alone, so every arm draws the same
@@ -116,6 +117,12 @@ def resolve_arms(words: Sequence[str], parent: CellConfig, alert: Optional[dict]
     return arms
 
 
+def interventions_sweep(sweep: str) -> str:
+    """Arms live in a sweep folder of their own beside the run's, so the run's sweep tables count
+    each seed once; the intervention report reads both."""
+    return f"{sweep}-interventions"
+
+
 def arm_config(parent: CellConfig, run: Path, branch: Branch, label: str, mitigation: str,
                steps: Optional[int]) -> CellConfig:
     """The parent's config with the arm's mitigation added, its own id, in the parent's sweep folder;
@@ -129,7 +136,7 @@ def arm_config(parent: CellConfig, run: Path, branch: Branch, label: str, mitiga
     own = [n for n in mitigation_names(parent.mitigation) if n != "none"]
     added = [n for n in mitigation_names(mitigation) if n != "none" and n not in own]
     values.update(cell_id=f"{parent.cell_id}@{branch.start}+{label}", mitigation="+".join(own + added) or "none",
-                  root=str(run.parent.parent), sweep=run.parent.name, steps=steps or parent.steps)
+                  root=str(run.parent.parent), sweep=interventions_sweep(run.parent.name), steps=steps or parent.steps)
     if values["steps"] <= branch.start:
         raise ConfigError(f"--steps {values['steps']} ends before the branch point (step {branch.start})")
     return config_from_dict(values)

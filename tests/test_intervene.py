@@ -46,7 +46,8 @@ def parent(tmp_path_factory, warm_model_dir):
 
 def test_a_none_arm_killed_and_resumed_repeats_its_run_key_for_key(parent, tmp_path):
     arms = ["--at", "4", "--arms", "none,role_count_scaling"]
-    none_dir = parent.parent / f"{CELL}@4+none"
+    arms_dir = parent.parent.parent / "default-interventions"
+    none_dir = arms_dir / f"{CELL}@4+none"
     proc = subprocess.Popen(INTERVENE + [str(parent), *arms], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
@@ -67,13 +68,13 @@ def test_a_none_arm_killed_and_resumed_repeats_its_run_key_for_key(parent, tmp_p
     assert (branch["start"], branch["checkpoint"], branch["mitigation"], branch["alert"]) == (
         4, "step_0000004", "none", None)
 
-    scaled = read_jsonl(parent.parent / f"{CELL}@4+role_count_scaling" / "metrics.jsonl")
+    scaled = read_jsonl(arms_dir / f"{CELL}@4+role_count_scaling" / "metrics.jsonl")
     assert [m["step"] for m in scaled] == list(range(12))
     assert all(same_keys(a, b) == [] for a, b in zip(scaled[:4], want[:4]))  # the run's own records before K
     # from K on the voter adapter takes one optimizer step where the run took three
     assert [m["policy/voter/optimizer_steps"] for m in want[4:6]] == [3, 3]
     assert [m["policy/voter/optimizer_steps"] for m in scaled[4:6]] == [1, 1]
-    status = json.loads((parent.parent / f"{CELL}@4+role_count_scaling" / "status.json").read_text())
+    status = json.loads((arms_dir / f"{CELL}@4+role_count_scaling" / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == 12
 
 
@@ -87,11 +88,11 @@ def test_a_none_arm_killed_and_resumed_repeats_its_run_key_for_key(parent, tmp_p
     (["--at", "4", "--arms", "none,none"], "an arm is named twice"),
 ])
 def test_bad_input_is_one_error_line_and_writes_nothing(parent, args, message):
-    before = sorted(p.name for p in parent.parent.iterdir())
+    before = sorted(p.name for p in parent.parent.parent.rglob("*") if "checkpoints" not in p.parts)
     proc = subprocess.run(INTERVENE + [str(parent), *args], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and message in proc.stderr and proc.stderr.count("\n") == 1
-    assert sorted(p.name for p in parent.parent.iterdir()) == before
+    assert sorted(p.name for p in parent.parent.parent.rglob("*") if "checkpoints" not in p.parts) == before
 
 
 def test_a_branch_never_starts_from_a_damaged_or_missing_checkpoint(parent, tmp_path):
@@ -107,7 +108,7 @@ def test_a_branch_never_starts_from_a_damaged_or_missing_checkpoint(parent, tmp_
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert "has no verified checkpoint at or before step 5 (checked: step_0000004)" in proc.stderr
-    assert sorted(p.name for p in copy.parent.iterdir()) == [CELL]
+    assert sorted(p.name for p in copy.parent.parent.iterdir()) == ["sweep"]
 
 
 def test_not_a_run_directory_is_refused(tmp_path):
@@ -148,7 +149,7 @@ def test_action_mitigate_switches_the_mitigation_on_and_a_resume_replays_it(tmp_
                                        "--prepare-only"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     for label, mitigation in (("none", "none"), ("matched", "kl_anchor"), ("control", "coherence_reg")):
-        arm = cell.parent / f"{CELL}@{first + 1}+{label}"
+        arm = cell.parent.parent / "default-interventions" / f"{CELL}@{first + 1}+{label}"
         branch = json.loads((arm / "branch.json").read_text())
         assert (branch["start"], branch["mitigation"], branch["alert"]["step"]) == (first + 1, mitigation, first)
         assert [m["step"] for m in read_jsonl(arm / "metrics.jsonl")] == list(range(first + 1))

@@ -167,3 +167,38 @@ def test_action_mitigate_needs_the_local_engine(tmp_path):
     cfg = config_from_dict({"monitors": {"action": "stop"}})
     assert {cfg.monitors.amplification.action, cfg.monitors.capture.action, cfg.monitors.drift.action,
             cfg.monitors.collapse.action, cfg.monitors.nonfinite.action} == {"stop"}
+
+
+def test_the_intervention_report_renders_in_chromium(parent, tmp_path):
+    from reports.interventions import build_intervention_report
+    from reports.screenshots import open_in_chromium
+
+    proc = subprocess.run(INTERVENE + [str(parent), "--at", "8", "--arms", "none,kl_anchor"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    index = build_intervention_report(parent.parent)
+    assert index == parent.parent.parent / "default-interventions" / "report" / "index.html"
+    seen = open_in_chromium(index.as_uri(), tmp_path / "interventions.png")
+    assert seen["errors"] == [] and seen["dialogs"] == [] and seen["images"] and all(seen["images"])
+    md = (index.parent / "report.md").read_text()
+    # a none arm run at 8 (and at 4 when the first test ran before) repeats the run, whichever ran
+    import re
+
+    ran, repeated = re.search(r"on the (\d+) cells where a `none` arm was also run, it repeated the run's records "
+                              r"key for key on (\d+)\.", md).groups()
+    assert int(ran) >= 1 and ran == repeated
+    assert "| kl_anchor" in md and "failed after the branch [95% CI]" in md
+
+
+def test_the_report_compares_a_sweeps_actions(tmp_path, warm_model_dir):
+    from reports.interventions import action_table
+
+    proc = subprocess.run([sys.executable, "grid/launch.py", "sweep=smoke", f"root={tmp_path}",
+                           "sweep.axes.topology=[voting]", "sweep.axes.sharing=[ip]", "sweep.axes.seed=[0]",
+                           "sweep.baseline=false", "sweep.cell.steps=4", "+sweep.cell.report=false",
+                           "+sweep.extra_axes.action={alert:{},mitigate:{monitors:{action:mitigate}}}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    frame = action_table(tmp_path / "smoke")
+    assert list(frame["action"]) == ["alert", "mitigate"] and list(frame["sharing"]) == ["ip", "ip"]
+    assert all(text.startswith(("0/1", "1/1")) for text in frame["failed [95% CI]"])

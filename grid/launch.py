@@ -2,6 +2,9 @@
 
     action=launch   expand the sweep, validate every cell, submit what is not done (idempotent)
     action=status   print each cell's state, step, failure reason and log path
+    action=intervene  branch every ended multi-agent cell at its first alert into arms (harness.intervene;
+                    intervene.arms=[none,matched,control], intervene.at=first-alert|<step>, intervene.kind=<kind>),
+                    run them as cells of <sweep>-interventions, then write the intervention report
     dry_run=true    print the cells with their resources, GPU-hours reserved and checks; submit nothing
 
 Every axis can be overridden: `sweep.axes.seed=[0,1,2]`, `sweep.axes.topology=[voting,flows/my_flow.yaml]`
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -28,19 +31,29 @@ from grid.expand import CONF_DIR, GridError, check_cells, choices, expand, table
 from grid.gpu_estimate import estimate_line, load_measurement  # noqa: E402
 
 EXIT_BAD_INPUT = 2
-ACTIONS = ("launch", "status")
+ACTIONS = ("launch", "status", "intervene")
 GROUPS = ("sweep", "launcher", "cluster")  # config groups: sweep=<name> picks grid/conf/sweep/<name>.yaml
 LAUNCH_RECORD = "launch.json"  # the overrides a sweep was launched with, beside its cells
+
+
+@dataclass
+class InterveneOptions:
+    """action=intervene: where each cell is branched and into which arms (harness.intervene)."""
+
+    at: str = "first-alert"
+    arms: List[str] = field(default_factory=lambda: ["none", "matched", "control"])
+    kind: Optional[str] = None  # first-alert of this kind only
 
 
 @dataclass
 class LaunchOptions:
     """The launcher's own options, typed like a cell's config (grid/conf/launch.yaml sets them)."""
 
-    action: str = "launch"  # launch | status
+    action: str = "launch"  # launch | status | intervene
     dry_run: bool = False
     root: str = "runs"
     wait: bool = False
+    intervene: InterveneOptions = field(default_factory=InterveneOptions)
 
 
 def check_launch_overrides(overrides: Sequence[str]) -> None:
@@ -207,6 +220,54 @@ def settle_alerts(sweep_dir: Path, out) -> None:
             out(f"warning: could not redraw the report of {run_id} ({type(exc).__name__}: {exc})")
 
 
+def intervene(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int:
+    """Branch every ended multi-agent cell of the sweep (harness.intervene) and launch the arms as the
+    cells of `<sweep>-interventions` with their parents' resources; then the intervention report."""
+    from omegaconf import OmegaConf
+
+    from grid.expand import Cell
+    from grid.submit import read_status
+    from harness.config import ConfigError
+    from harness.intervene import ARM_WORDS, interventions_sweep, prepare
+    from harness.mitigations import mitigation_names
+
+    words = [str(w) for w in cfg.intervene.arms]
+    for word in words:  # bad arms are bad input, before any folder is seeded
+        if word not in ARM_WORDS:
+            try:
+                mitigation_names(word)
+            except ConfigError:
+                raise GridError(f"unknown arm '{word}' in intervene.arms; valid: {', '.join(ARM_WORDS)} or a "
+                                f"mitigation name") from None
+    sweep_dir = Path(cfg.root) / cfg.sweep.name
+    arms = []
+    for cell in cells:
+        if cell.is_baseline:
+            continue
+        run = sweep_dir / cell.cell_id
+        state = (read_status(run) or {}).get("state")
+        if state not in ("finished", "stopped_early"):
+            out(f"skip {cell.cell_id}: {state or 'not run'}, not ended")
+            continue
+        try:
+            branched = prepare(run, str(cfg.intervene.at), words, None, cfg.intervene.kind)
+        except ConfigError as exc:
+            out(f"skip {cell.cell_id}: {exc}")
+            continue
+        arms += [Cell(arm.cfg.cell_id, dict(cell.axes), OmegaConf.to_container(OmegaConf.structured(arm.cfg)),
+                      cell.resources) for arm in branched]
+    if not arms:
+        out(f"nothing to branch in {sweep_dir}: no ended cell with an alert")
+        return 0
+    arms_cfg = OmegaConf.merge(cfg, {"sweep": {"name": interventions_sweep(cfg.sweep.name)}})
+    code = launch(arms, arms_cfg, argv, out)
+    if arms_cfg.launcher.name != "slurm" or cfg.get("wait"):
+        from reports.interventions import build_intervention_report
+
+        out(f"intervention report: {build_intervention_report(sweep_dir)}")
+    return code
+
+
 def sweep_report(sweep_dir: Path, out) -> None:
     try:
         from reports.sweep_report import build_sweep_report
@@ -276,6 +337,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not any(s.state in ("queued", "running") for s in states):
                 settle_alerts(Path(cfg.root) / cfg.sweep.name, print)
             return 0
+        if cfg.action == "intervene":
+            return intervene(cells, cfg, argv)
         return launch(cells, cfg, argv)
     except GridError as exc:
         print(f"error: {exc}", file=sys.stderr)

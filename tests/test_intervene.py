@@ -190,15 +190,36 @@ def test_the_intervention_report_renders_in_chromium(parent, tmp_path):
     assert "| kl_anchor" in md and "failed after the branch [95% CI]" in md
 
 
-def test_the_report_compares_a_sweeps_actions(tmp_path, warm_model_dir):
+def test_a_sweep_is_branched_by_the_grid_and_its_actions_compared(tmp_path, warm_model_dir):
     from reports.interventions import action_table
 
-    proc = subprocess.run([sys.executable, "grid/launch.py", "sweep=smoke", f"root={tmp_path}",
-                           "sweep.axes.topology=[voting]", "sweep.axes.sharing=[ip]", "sweep.axes.seed=[0]",
-                           "sweep.baseline=false", "sweep.cell.steps=4", "+sweep.cell.report=false",
-                           "+sweep.extra_axes.action={alert:{},mitigate:{monitors:{action:mitigate}}}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sweep = ["sweep=smoke", f"root={tmp_path}", "sweep.axes.topology=[voting]", "sweep.axes.sharing=[ip]",
+             "sweep.axes.seed=[0]", "sweep.baseline=false", "sweep.cell.steps=5", "+sweep.cell.ckpt_keep=10",
+             "+sweep.cell.report=false", "+sweep.extra_axes.action={alert:{},mitigate:{monitors:{action:mitigate}}}"]
+    launched = subprocess.run([sys.executable, "grid/launch.py", *sweep], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+    assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
     frame = action_table(tmp_path / "smoke")
     assert list(frame["action"]) == ["alert", "mitigate"] and list(frame["sharing"]) == ["ip", "ip"]
     assert all(text.startswith(("0/1", "1/1")) for text in frame["failed [95% CI]"])
+
+    branched = subprocess.run([sys.executable, "grid/launch.py", *sweep, "action=intervene", "intervene.at=2",
+                               "intervene.arms=[none,kl_anchor]"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert branched.returncode == 0, branched.stdout[-2000:] + branched.stderr[-2000:]
+    arms = sorted(p.name for p in (tmp_path / "smoke-interventions").iterdir() if (p / "branch.json").is_file())
+    parents = sorted(p.name for p in (tmp_path / "smoke").iterdir() if (p / "cell.yaml").is_file())
+    assert len(parents) == 2 and len(arms) == 4 and all("@" in a for a in arms)
+    for parent_name in parents:
+        start = json.loads(next((tmp_path / "smoke-interventions").glob(f"{parent_name}@*+none/branch.json"))
+                           .read_text())["start"]
+        none = read_jsonl(tmp_path / "smoke-interventions" / f"{parent_name}@{start}+none" / "metrics.jsonl")
+        want = read_jsonl(tmp_path / "smoke" / parent_name / "metrics.jsonl")
+        assert [m["step"] for m in none] == list(range(5)) and all(same_keys(a, b) == [] for a, b in zip(none, want))
+        status = json.loads((tmp_path / "smoke-interventions" / f"{parent_name}@{start}+kl_anchor" / "status.json")
+                            .read_text())
+        assert status["state"] == "finished"
+    assert "intervention report:" in branched.stdout
+    assert (tmp_path / "smoke-interventions" / "report" / "report.md").is_file()
+    again = subprocess.run([sys.executable, "grid/launch.py", *sweep, "action=intervene", "intervene.at=2",
+                            "intervene.arms=[none,kl_anchor]"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "nothing to submit" in again.stdout  # idempotent, as a launch is

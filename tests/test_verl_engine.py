@@ -6,6 +6,7 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -161,7 +162,8 @@ def _run(root, *extra, timeout=400):
 
 
 def test_verl_cell_runs_writes_the_run_dir_and_resumes_after_sigkill(tmp_path, warm_model_dir):
-    """The uninterrupted run it is compared with runs beside it (each its own Ray; a verl cell mostly waits)."""
+    """The uninterrupted run it is compared with runs beside it (each its own Ray; a verl cell mostly waits);
+    then a branch of it (harness.intervene) repeats its steps after the branch point."""
     killed, clean, local = tmp_path / "killed", tmp_path / "clean", tmp_path / "local"
     metrics = killed / "default" / CELL / "metrics.jsonl"
     proc = subprocess.Popen(python_cmd() + [f"root={killed}", *ARGS], cwd=REPO, stdout=subprocess.DEVNULL,
@@ -203,3 +205,13 @@ def test_verl_cell_runs_writes_the_run_dir_and_resumes_after_sigkill(tmp_path, w
     latest = json.loads((verl_dir / "checkpoints" / "latest.json").read_text())
     assert (verl_dir / "checkpoints" / latest["dir"] / "verl" / "voter").is_dir()
     assert torch.isfinite(torch.tensor([m["loss"] for m in got])).all()
+
+    # branched at step 4 (harness.intervene), its none arm repeats the uninterrupted run's last steps
+    branch = subprocess.run([sys.executable, "-m", "harness.intervene", str(clean / "default" / CELL), "--at", "4",
+                             "--arms", "none"], cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert branch.returncode == 0, branch.stderr[-3000:]
+    arm = read_jsonl(clean / "default-interventions" / f"{CELL}@4+none" / "metrics.jsonl")
+    assert [m["step"] for m in arm] == list(range(6))
+    for a, b in zip(arm[4:], want[4:]):
+        assert a["reward/mean"] == b["reward/mean"], a["step"]
+        assert abs(a["policy/voter/grad_norm"] - b["policy/voter/grad_norm"]) < 1e-6

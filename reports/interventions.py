@@ -53,6 +53,7 @@ class Branched:
     alert_step: Optional[int]
     arms: Dict[str, Outcome] = field(default_factory=dict)
     none_repeats_run: Optional[bool] = None  # a none arm was run: does it repeat the run's records?
+    failed_before: Optional[int] = None  # the run had already failed here, before the branch: no test
 
 
 def outcome(label: str, mitigation: str, run: Path, start: int) -> Outcome:
@@ -83,6 +84,8 @@ def branched_cells(sweep: Path) -> List[Branched]:
         cell.arms[branch["arm"]] = outcome(branch["arm"], branch["mitigation"], arm, branch["start"])
     for cell in cells.values():
         itself = outcome("none", "none", cell.parent, cell.start)
+        earlier = [f.step for f in label_records(itself.records) if f.step < cell.start]
+        cell.failed_before = min(earlier) if earlier else None
         if "none" in cell.arms:
             ran = cell.arms["none"].records
             cell.none_repeats_run = len(ran) == len(itself.records) and all(map(_same, ran, itself.records))
@@ -102,10 +105,17 @@ def rate(failed: int, n: int) -> str:
     return f"{failed}/{n} {interval(low, high)}" if n else "–"
 
 
+def testable(cells: List[Branched]) -> List[Branched]:
+    """The branched cells that had not failed before their branch point: an arm can only prevent a
+    failure still to come."""
+    return [c for c in cells if c.failed_before is None]
+
+
 def kind_table(cells: List[Branched]) -> pd.DataFrame:
-    """Per alert kind: each arm's failure rate after the branch, over all branched cells and over the
-    cells that failed without intervention."""
+    """Per alert kind: each arm's failure rate after the branch, over the testable branched cells and
+    over those of them that failed without intervention."""
     rows = []
+    cells = testable(cells)
     for kind in sorted({c.kind or "(a step)" for c in cells}):
         group = [c for c in cells if (c.kind or "(a step)") == kind]
         failing = [c for c in group if c.arms["none"].failed_at is not None]
@@ -150,7 +160,8 @@ def cell_table(cells: List[Branched]) -> pd.DataFrame:
     rows = []
     for cell in cells:
         row = {"cell": cell.parent.name, "alert": f"{cell.kind} at {cell.alert_step}" if cell.kind else "–",
-               "branched at": cell.start}
+               "branched at": cell.start,
+               "before the branch": "held" if cell.failed_before is None else f"failed at {cell.failed_before}"}
         for label in arm_labels(cells):
             arm = cell.arms.get(label)
             row[label] = "–" if arm is None else (
@@ -201,13 +212,19 @@ def build_intervention_report(sweep: Path) -> Path:
     repeat_note = (f"`none` is the run itself after the branch; on the {len(checked)} cells where a `none` arm was "
                    f"also run, it repeated the run's records key for key on "
                    f"{sum(bool(c.none_repeats_run) for c in checked)}.")
+    late = len(cells) - len(testable(cells))
+    repeat_note += (f" {late} of the {len(cells)} had failed before their branch point (an alert that confirms a "
+                    f"failure comes after it): they are listed, not counted in the rates.") if late else ""
     md = [f"# Interventions: {sweep.name}", "", f"{len(cells)} branched cells. {repeat_note}", "",
           "## Failure rate after branching, per alert kind", "", md_table(kinds) if len(kinds) else "(no arms yet)"]
     html = [f"<h1>Interventions: {esc(sweep.name)}</h1>", f"<p>{len(cells)} branched cells. {esc(repeat_note)}</p>",
             "<h2>Failure rate after branching, per alert kind</h2>", table(kinds) if len(kinds) else "<p>no arms yet</p>"]
     if actions is not None:
-        md += ["", "## The sweep's actions on the same settings", "", md_table(actions)]
-        html += ["<h2>The sweep's actions on the same settings</h2>", table(actions)]
+        note = ("A cell under `stop` ends at its first alert: its failures are those before the stop, its final "
+                "accuracy the last validation before it. `mitigate` switches the alert kind's matched mitigation on "
+                "in the running cell; `alert` only reports.")
+        md += ["", "## The sweep's actions on the same settings", "", md_table(actions), "", note]
+        html += ["<h2>The sweep's actions on the same settings</h2>", table(actions), f"<p>{esc(note)}</p>"]
     md += ["", "## Branched cells", "", md_table(per_cell) if len(per_cell) else "(none)"]
     html += ["<h2>Branched cells</h2>", table(per_cell) if len(per_cell) else "<p>none</p>"]
     for cell in cells:

@@ -123,9 +123,10 @@ class Controller:
         return StepResult(metrics, episodes)
 
     def _gae_advantages(self, episodes: List[Episode]) -> dict:
-        """Each turn's value from its policy's critic, GAE over every episode's turns, whitened over
-        the step; returns what the critic update needs (old values, returns per turn)."""
-        from harness.algo.critic import verl_gae
+        """Each turn's value from its policy's critic, GAE over every episode's turns, whitened within
+        each policy's turns (or the step's: algo.adv_whiten); returns what the critic update needs (old
+        values, returns per turn)."""
+        from harness.algo.critic import verl_gae, whiten_within
 
         turns = [t for e in episodes for t in e.turns]
         values = {}
@@ -139,6 +140,9 @@ class Controller:
         for episode, (_, vals), adv, ret in zip(episodes, trajectories, whitened, episode_returns):
             for turn, r, v, w in zip(episode.turns, ret, vals, adv):
                 advantages[id(turn)], returns[id(turn)] = r - v, r  # raw = R - V (verl's returns), for adv_mean
+                turn.advantage = w
+        if self.cfg.algo.adv_whiten == "policy":
+            for turn, w in zip(turns, whiten_within([advantages[id(t)] for t in turns], [t.policy for t in turns])):
                 turn.advantage = w
         return {"turns": turns, "values": values, "returns": returns, "raw": advantages}
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, Optional, Sequence, Union, get_args, get_origin, g
 from omegaconf import OmegaConf
 
 from harness.cli_overrides import close_keys
-from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_NORMS, CLIP_SCOPES, DATA_SPLITS, ENGINES,
+from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_WHITENINGS, ADV_NORMS, CLIP_SCOPES, DATA_SPLITS, ENGINES,
                             GRAPH_TOPOLOGIES, LOCAL_DEVICES, LOCAL_DTYPES, LOSS_AGG_MODES, LR_SCHEDULES,
                             MODEL_TRAINING, MONITORED, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES,
                             VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS, DEFAULT_PROMPTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
@@ -363,6 +363,7 @@ def validate(cfg: CellConfig) -> None:
     _choose("advantage normalisation (algo.adv_norm)", cfg.algo.adv_norm, ADV_NORMS)
     _choose("outcome share mode (reward.outcome_share_mode)", cfg.reward.outcome_share_mode, OUTCOME_SHARE_MODES)
     _choose("advantage estimator (algo.adv_estimator)", cfg.algo.adv_estimator, ADV_ESTIMATORS)
+    _choose("advantage whitening (algo.adv_whiten)", cfg.algo.adv_whiten, ADV_WHITENINGS)
     if cfg.algo.adv_estimator == "gae":
         for name in ("gae_gamma", "gae_lambda"):
             value = getattr(cfg.algo, name)

@@ -6,8 +6,8 @@ import random
 import torch
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_value_loss
 
-from harness.config import ConfigError
-from harness.algo.critic import explained_variance, turn_gae, value_loss, verl_gae, whiten
+from harness.algo.critic import explained_variance, turn_gae, value_loss, verl_gae, whiten, whiten_within
+from harness.config import CellConfig, ConfigError
 from harness.logging import read_jsonl
 from harness.run import run_cell, run_dir_of
 from tests.conftest import cell
@@ -66,9 +66,11 @@ def test_a_gae_cell_trains_its_critic_logs_it_per_role_and_resumes_exactly(tmp_p
     last = want[-1]
     for role in ("generator", "evaluator"):
         assert {f"role/{role}/{k}" for k in ("value", "adv_mean", "value_loss", "explained_variance")} <= set(last)
-    # the critic learns: its loss on the step's returns falls from the first steps to the last
-    losses = [m["policy/generator/value_loss"] for m in want]
-    assert min(losses[-2:]) < max(losses[:2])
+    # the critic learns: its Adam steps fit each step's returns, on average and on most steps (the clipped loss
+    # may rise on a step; across steps the targets move with the policy, so six steps promise no falling trend)
+    for p in ("generator", "evaluator"):
+        gains = [m[f"policy/{p}/value_loss"] - m[f"policy/{p}/value_loss_last"] for m in want]
+        assert sum(gains) > 0 and sum(g > 0 for g in gains) >= 2 * len(gains) / 3, (p, gains)
     files = {p.name for p in (run_dir_of(straight).path / "checkpoints").glob("step_*/*")}
     assert {"critic.safetensors", "critic_optimizers.json"} <= files
 
@@ -113,3 +115,18 @@ def test_unknown_advantage_estimator_is_one_error(tmp_path):
 
     with pytest.raises(ConfigError, match="valid choices: grpo, gae"):
         cell(tmp_path, "algo.adv_estimator=ppo")
+
+
+def test_advantages_are_whitened_within_each_policy_by_default():
+    """UnityMAS-O's worker groups each whiten their own buffer: a policy whose raw advantages are ten
+    times another's still gets unit scale, and one policy's whitening is verl's over the batch."""
+    raw = [0.1, -0.2, 0.05, 3.0, -1.0, 2.0, -4.0]
+    groups = ["a", "a", "a", "b", "b", "b", "b"]
+    out = whiten_within(raw, groups)
+    for group in ("a", "b"):
+        mine = torch.tensor([o for o, g in zip(out, groups) if g == group], dtype=torch.float64)
+        assert abs(float(mine.mean())) < 1e-9 and math.isclose(float(mine.var(unbiased=True)), 1.0, rel_tol=1e-6)
+    assert whiten_within(raw, ["x"] * len(raw)) == whiten(raw)
+    pooled = whiten(raw)
+    assert max(abs(p) for p, g in zip(pooled, groups) if g == "a") < 0.2  # over the batch, policy a's barely move
+    assert CellConfig().algo.adv_whiten == "policy"

@@ -9,7 +9,9 @@ The value of a state is the critic of the policy that acts there. Over each epis
     A_t     = sum_l (gamma * lambda)^l * delta_{t+l},   R_t = A_t + V(s_t)
 
 as verl's `compute_gae_advantage_return` computes it with turns in place of tokens; the advantages
-are whitened over the step's turns (verl's masked_whiten), the value loss is verl's clipped one,
+are whitened within each policy's turns (`algo.adv_whiten=policy`, UnityMAS-O's worker groups each
+with its own buffer; verl's masked_whiten) or over all the step's turns (`cell`, one verl batch),
+the value loss is verl's clipped one,
 0.5 * mean(max((V - R)^2, (clip(V, V_old +- c) - R)^2)).
 """
 from __future__ import annotations
@@ -65,6 +67,18 @@ def whiten(values: Sequence[float], eps: float = 1e-8) -> List[float]:
     if len(x) < 2:
         return [0.0] * len(x)
     return ((x - x.mean()) * torch.rsqrt(x.var(unbiased=True) + eps)).tolist()
+
+
+def whiten_within(values: Sequence[float], groups: Sequence[str]) -> List[float]:
+    """`whiten` within each group (a policy's turns, as a worker group whitens its own buffer)."""
+    members: Dict[str, List[int]] = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    out = [0.0] * len(values)
+    for indices in members.values():
+        for index, value in zip(indices, whiten([values[i] for i in indices])):
+            out[index] = value
+    return out
 
 
 def value_loss(predicted: torch.Tensor, returns: torch.Tensor, old: torch.Tensor, clip: float) -> Tuple[torch.Tensor, float]:

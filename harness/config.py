@@ -144,9 +144,10 @@ class AlgoConfig:
     adv_estimator: str = "grpo"  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)
     gae_gamma: float = 1.0  # GAE's discount over an episode's turns (verl's default 1.0)
     gae_lambda: float = 1.0  # GAE's lambda (verl's default 1.0)
-    # gae: advantages whitened within each policy's turns (UnityMAS-O: every worker group computes them in
-    # its own buffer), or over all the cell's turns at once (`cell`: one verl batch)
-    adv_whiten: str = "policy"
+    # gae: advantages whitened over all the cell's turns at once (`cell`: one verl batch), or within each
+    # policy's turns (`policy`: UnityMAS-O, every worker group in its own buffer; docs/unitymas.md says why
+    # it is not the default yet)
+    adv_whiten: str = "cell"
     critic_lr: float = 1e-3  # the value heads' Adam (engine=local: a linear head on the policy's features)
     verl_critic_lr: float = 1e-4  # engine=verl: verl's critic, the whole base model with a value head
     critic_steps: int = 4  # value-loss steps per training step

@@ -117,7 +117,7 @@ def test_unknown_advantage_estimator_is_one_error(tmp_path):
         cell(tmp_path, "algo.adv_estimator=ppo")
 
 
-def test_advantages_are_whitened_within_each_policy_by_default():
+def test_advantages_can_be_whitened_within_each_policy():
     """UnityMAS-O's worker groups each whiten their own buffer: a policy whose raw advantages are ten
     times another's still gets unit scale, and one policy's whitening is verl's over the batch."""
     raw = [0.1, -0.2, 0.05, 3.0, -1.0, 2.0, -4.0]
@@ -129,4 +129,4 @@ def test_advantages_are_whitened_within_each_policy_by_default():
     assert whiten_within(raw, ["x"] * len(raw)) == whiten(raw)
     pooled = whiten(raw)
     assert max(abs(p) for p, g in zip(pooled, groups) if g == "a") < 0.2  # over the batch, policy a's barely move
-    assert CellConfig().algo.adv_whiten == "policy"
+    assert CellConfig().algo.adv_whiten == "cell"  # docs/unitymas.md: measured, not yet the default

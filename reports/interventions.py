@@ -132,6 +132,26 @@ def kind_table(cells: List[Branched]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def accuracy_table(cells: List[Branched]) -> pd.DataFrame:
+    """Per alert kind: each arm's final validation accuracy less the `none` arm's on the same cell (the
+    arms share their random numbers, so the difference is the intervention's), over every branched
+    cell, those that had failed before the branch included: for them the question is recovery."""
+    rows = []
+    for kind in sorted({c.kind or "(a step)" for c in cells}):
+        group = [c for c in cells if (c.kind or "(a step)") == kind]
+        for label in [a for a in arm_labels(group) if a != "none"]:
+            pairs = [(c.arms[label].final_accuracy, c.arms["none"].final_accuracy) for c in group
+                     if label in c.arms and c.arms[label].final_accuracy is not None
+                     and c.arms["none"].final_accuracy is not None]
+            better = sum(arm > none for arm, none in pairs)
+            rows.append({"alert kind": kind, "arm": label,
+                         "mitigation": ", ".join(sorted({c.arms[label].mitigation for c in group if label in c.arms})),
+                         "cells": len(pairs), "final accuracy less none's [95% CI]":
+                             _mean_text([arm - none for arm, none in pairs]),
+                         "cells where it is higher": f"{better}/{len(pairs)}"})
+    return pd.DataFrame(rows)
+
+
 def _mean_text(values: Sequence[Optional[float]]) -> str:
     mean, low, high, n = mean_ci([v for v in values if v is not None])
     return "–" if n == 0 else f"{mean:.3f} {interval(low, high)}"
@@ -215,10 +235,15 @@ def build_intervention_report(sweep: Path) -> Path:
     late = len(cells) - len(testable(cells))
     repeat_note += (f" {late} of the {len(cells)} had failed before their branch point (an alert that confirms a "
                     f"failure comes after it): they are listed, not counted in the rates.") if late else ""
+    paired = accuracy_table(cells)
     md = [f"# Interventions: {sweep.name}", "", f"{len(cells)} branched cells. {repeat_note}", "",
-          "## Failure rate after branching, per alert kind", "", md_table(kinds) if len(kinds) else "(no arms yet)"]
+          "## Failure rate after branching, per alert kind", "", md_table(kinds) if len(kinds) else "(no arms yet)",
+          "", "## Final accuracy against doing nothing, per alert kind", "",
+          md_table(paired) if len(paired) else "(no arms yet)"]
     html = [f"<h1>Interventions: {esc(sweep.name)}</h1>", f"<p>{len(cells)} branched cells. {esc(repeat_note)}</p>",
-            "<h2>Failure rate after branching, per alert kind</h2>", table(kinds) if len(kinds) else "<p>no arms yet</p>"]
+            "<h2>Failure rate after branching, per alert kind</h2>", table(kinds) if len(kinds) else "<p>no arms yet</p>",
+            "<h2>Final accuracy against doing nothing, per alert kind</h2>",
+            table(paired) if len(paired) else "<p>no arms yet</p>"]
     if actions is not None:
         note = ("A cell under `stop` ends at its first alert: its failures are those before the stop, its final "
                 "accuracy the last validation before it. `mitigate` switches the alert kind's matched mitigation on "

@@ -228,7 +228,8 @@ def test_time_limited_cell_requeues_and_finishes(tmp_path, warm_model_dir, slurm
         _wait(lambda: "single-math-tiny-m-s0" in _ledger_so_far(tmp_path), 300, "the cell's submission")
         entry = ledger(tmp_path)["single-math-tiny-m-s0"]
         err_path = Path(entry["stderr"])
-        _wait(lambda: err_path.is_file() and "Requeued job" in err_path.read_text(), 600,
+        out_path = err_path.with_suffix(".out")  # submitit logs its INFO lines (the requeue) to stdout
+        _wait(lambda: out_path.is_file() and "Requeued job" in out_path.read_text(), 600,
               "the first attempt to be signalled and requeued")
         subprocess.run(["scontrol", "update", f"JobId={entry['job_id']}", "TimeLimit=30"], check=True)
         out, err = proc.communicate(timeout=900)
@@ -239,7 +240,7 @@ def test_time_limited_cell_requeues_and_finishes(tmp_path, warm_model_dir, slurm
     run = tmp_path / "smoke" / "single-math-tiny-m-s0"
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
     assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(steps))
-    log = err_path.with_suffix(".out").read_text()
+    log = out_path.read_text()
     assert "resuming single-math-tiny-m-s0 from step" in log
 
 

@@ -58,17 +58,35 @@ def _labels(run_dir: str) -> list:
     return label_run(Path(run_dir)) if (Path(run_dir) / "metrics.jsonl").is_file() else []
 
 
+HEADLINE_COLUMNS = ["val/accuracy", "val/episode/f1"]
+
+
+def headline(task: str) -> Tuple[str, str]:
+    """(metric column, its name) a task's tables lead with: token F1 on QA (UnityMAS-O's; EM beside it
+    in the workflow table), the validation accuracy elsewhere (exact answer, all tests passed)."""
+    from harness.tasks import QA_TASKS
+
+    return ("val/episode/f1", "F1") if task in QA_TASKS else ("val/accuracy", "accuracy")
+
+
+def headline_name(tasks: Sequence[str]) -> str:
+    return " / ".join(sorted({headline(str(t))[1] for t in tasks})) or "accuracy"
+
+
 def accuracy_summary(cells: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: peak and final validation accuracy (all paired_gains needs)."""
+    """One row per cell: peak and final validation figure of its task's headline metric (all
+    paired_gains needs)."""
     summary = cells.copy()
-    val = metrics[["run_dir", "step", "val/accuracy"]].dropna() if "val/accuracy" in metrics else \
-        pd.DataFrame(columns=["run_dir", "step", "val/accuracy"])
-    grouped = val.groupby("run_dir")
-    peak = grouped["val/accuracy"].max()
-    final = grouped.apply(lambda g: g.sort_values("step")["val/accuracy"].iloc[-1], include_groups=False) \
-        if len(val) else pd.Series(dtype=float)
-    summary["peak_val"] = summary["run_dir"].map(peak)
-    summary["final_val"] = summary["run_dir"].map(final)
+    peak, final = {}, {}
+    for column in HEADLINE_COLUMNS:
+        if column not in metrics:
+            continue
+        val = metrics[["run_dir", "step", column]].dropna().sort_values("step")
+        peak[column] = val.groupby("run_dir")[column].max()
+        final[column] = val.groupby("run_dir")[column].last()
+    keys = [headline(str(task))[0] for task in summary["task"]] if "task" in summary else ["val/accuracy"] * len(summary)
+    summary["peak_val"] = [peak[k].get(run, math.nan) if k in peak else math.nan for k, run in zip(keys, summary["run_dir"])]
+    summary["final_val"] = [final[k].get(run, math.nan) if k in final else math.nan for k, run in zip(keys, summary["run_dir"])]
     return summary
 
 
@@ -164,7 +182,7 @@ def compare(paths) -> dict:
     """Every cell under `paths` (any depth) against its paired baseline; raises RunsNotFound where a
     path is missing or holds no run."""
     cells = load_cells(paths)
-    metrics = load_metrics(paths, columns=["val/accuracy"])
+    metrics = load_metrics(paths, columns=HEADLINE_COLUMNS)
     alerts = load_alerts(paths)
     summary = summarize(cells, metrics, alerts)
     gains = paired_gains(summary)

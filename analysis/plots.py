@@ -209,6 +209,28 @@ def signal_curves(trace: pd.DataFrame, alerts: Optional[pd.DataFrame], out: Path
     return _save(fig, out)
 
 
+LOOP_KEYS = (("episode/rounds", "loop rounds per episode"), ("episode/searches", "searches per episode"))
+
+
+def loop_curves(metrics: pd.DataFrame, out: Path, label: str = "cell_id", smooth: int = 5) -> Optional[Path]:
+    """How long the workflows' loops run over training (a verify loop's rounds, a search loop's
+    searches), one line per run: whether training rewards longer loops shows here. None when no
+    run has a loop."""
+    panels = [(key, name) for key, name in LOOP_KEYS if key in metrics and metrics[key].notna().any()]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels)), sharex=True, squeeze=False)
+    for ax, (key, name) in zip(axes[:, 0], panels):
+        for i, (run, part) in enumerate(metrics[metrics[key].notna()].groupby(label, sort=True)):
+            part = part.sort_values("step")
+            ax.plot(part["step"], _smooth(part[key], smooth), color=f"C{i % 10}", label=str(run))
+        ax.set_ylabel(name, fontsize=8)
+        ax.legend(fontsize=6, loc="best")
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    return _save(fig, out)
+
+
 def _save(fig, out: Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

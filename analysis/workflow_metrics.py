@@ -56,6 +56,33 @@ def workflow_rows(metrics: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def paper_table(metrics: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
+    """UnityMAS-O's results table: rows workflow x sharing, columns scale; each the task's headline
+    validation metric (F1 on QA, the all-passed rate on code) before training (the first
+    validation) and its peak over training, mean over seeds."""
+    from analysis.compare import headline
+    from harness.tasks import CODE_TASKS
+
+    rows = []
+    for _, cell in cells.iterrows():
+        column, name = headline(str(cell["task"]))
+        if column not in metrics:
+            continue
+        val = metrics.loc[metrics["cell_id"] == cell["cell_id"], ["step", column]].dropna().sort_values("step")
+        if val.empty:
+            continue
+        rows.append({"workflow": cell["topology"], "sharing": cell["sharing"], "scale": cell["scale"],
+                     "metric": "all passed" if cell["task"] in CODE_TASKS else name,
+                     "before": val[column].iloc[0], "peak": val[column].max()})
+    if not rows:
+        return pd.DataFrame()
+    frame = pd.DataFrame(rows).groupby(["workflow", "sharing", "metric", "scale"])[["before", "peak"]].mean()
+    wide = frame.unstack("scale")
+    wide.columns = [f"{scale} {when}" for when, scale in wide.columns]
+    ordered = sorted(wide.columns, key=lambda c: (c.rsplit(" ", 1)[0], c.endswith("peak")))
+    return wide[ordered].reset_index()
+
+
 def agent_rows(metrics: pd.DataFrame) -> pd.DataFrame:
     """Per agent (role) of one run: the mean over training steps of what UnityMAS-O logs."""
     train = metrics[metrics["accuracy"].notna()] if "accuracy" in metrics else metrics

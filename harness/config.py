@@ -31,7 +31,8 @@ LR_SCHEDULES = ("constant", "cosine")
 CLIP_SCOPES = ("policy", "cell")
 ADV_GROUPINGS = ("trajectory", "episode", "turn")
 ADV_NORMS = ("group", "agent")
-OUTCOME_SHARE_MODES = ("full", "split")
+OUTCOME_SHARE_MODES = ("auto", "full", "last", "split")
+OUTCOME_METRICS = ("auto", "exact", "f1")
 ADV_ESTIMATORS = ("grpo", "gae")
 ADV_WHITENINGS = ("policy", "cell")
 
@@ -169,8 +170,13 @@ class RewardConfig:
     traj: float = 1.0  # final outcome, copied to every turn
     length: float = 0.0  # per response token (used to provoke length drift on purpose)
     per_role: Dict[str, Dict[str, float]] = field(default_factory=dict)
-    gamma: float = 1.0  # UnityMAS-O's discount: the turn at workflow step t (1-based) counts gamma^(t-1)
-    outcome_share_mode: str = "full"  # full: the outcome on every turn; split: divided among the roles, then their turns
+    gamma: float = 1.0  # UnityMAS-O's discount: the turn at workflow step t (its graph stage, 1-based) counts gamma^(t-1)
+    # full: the outcome on every turn; last: on the last stage's turns; split: divided among the roles, then
+    # their turns; auto (resolved when the config is read): last under GAE (no reward for longer loops), full under GRPO
+    outcome_share_mode: str = "auto"
+    # the outcome r_traj: exact (1 when the task grades the answer correct: EM, all tests passed) or f1 (QA's
+    # token F1, partial credit, UnityMAS-O's metric); auto (resolved when the config is read): f1 on QA tasks, else exact
+    outcome_metric: str = "auto"
     allocator: Optional[str] = None  # "module:function(episode, cfg) -> per-turn rewards", in place of the terms
 
 

@@ -96,7 +96,7 @@ class Controller:
         episodes, scheduler = self.rollout(self.problems_for(step), self.cfg.algo.group_size, greedy=False)
         rollout_s = time.perf_counter() - started
         for episode in episodes:
-            assign_rewards(episode, self.cfg.reward)
+            assign_rewards(episode, self.cfg.reward, self.cfg.algo.adv_estimator)
         if self.critic is None:
             assign_advantages(episodes, self.cfg.algo.norm_adv_by_std, self.cfg.algo.adv_grouping,
                               norm=self.cfg.algo.adv_norm, per_instance=self.per_instance)
@@ -123,10 +123,10 @@ class Controller:
         return StepResult(metrics, episodes)
 
     def _gae_advantages(self, episodes: List[Episode]) -> dict:
-        """Each turn's value from its policy's critic, GAE over every episode's turns, whitened within
-        each policy's turns (or the step's: algo.adv_whiten); returns what the critic update needs (old
-        values, returns per turn)."""
-        from harness.algo.critic import verl_gae, whiten_within
+        """Each turn's value from its policy's critic, GAE over each episode's graph stages, whitened
+        within each policy's turns (or the step's: algo.adv_whiten); returns what the critic update
+        needs (old values, returns per turn)."""
+        from harness.algo.critic import stage_gae, whiten, whiten_within
 
         turns = [t for e in episodes for t in e.turns]
         values = {}
@@ -134,16 +134,19 @@ class Controller:
             mine = [t for t in turns if t.policy == policy]
             for turn, value in zip(mine, self.critic.values(policy, mine)):
                 values[id(turn)] = float(value)
-        trajectories = [([t.reward for t in e.turns], [values[id(t)] for t in e.turns]) for e in episodes]
-        whitened, episode_returns = verl_gae(trajectories, self.cfg.algo.gae_gamma, self.cfg.algo.gae_lambda)
         advantages, returns = {}, {}
-        for episode, (_, vals), adv, ret in zip(episodes, trajectories, whitened, episode_returns):
-            for turn, r, v, w in zip(episode.turns, ret, vals, adv):
-                advantages[id(turn)], returns[id(turn)] = r - v, r  # raw = R - V (verl's returns), for adv_mean
-                turn.advantage = w
+        for episode in episodes:
+            adv, ret = stage_gae([t.reward for t in episode.turns], [values[id(t)] for t in episode.turns],
+                                 [t.depth for t in episode.turns], self.cfg.algo.gae_gamma, self.cfg.algo.gae_lambda)
+            for turn, a, r in zip(episode.turns, adv, ret):
+                advantages[id(turn)], returns[id(turn)] = a, r
+        raw = [advantages[id(t)] for t in turns]
         if self.cfg.algo.adv_whiten == "policy":
-            for turn, w in zip(turns, whiten_within([advantages[id(t)] for t in turns], [t.policy for t in turns])):
-                turn.advantage = w
+            whitened = whiten_within(raw, [t.policy for t in turns])
+        else:  # one verl batch: masked_whiten over the step's turns
+            whitened = whiten(raw)
+        for turn, w in zip(turns, whitened):
+            turn.advantage = w
         return {"turns": turns, "values": values, "returns": returns, "raw": advantages}
 
     def _critic_update(self, batch: dict) -> Dict[str, float]:
@@ -176,7 +179,7 @@ class Controller:
         k = 1 if self.cfg.val_greedy else self.cfg.val_samples
         episodes, _ = self.rollout(self.val_problems, k, greedy=self.cfg.val_greedy)
         for episode in episodes:
-            assign_rewards(episode, self.cfg.reward)
+            assign_rewards(episode, self.cfg.reward, self.cfg.algo.adv_estimator)
         metrics = rollout_metrics(episodes, prefix="val/", selection_pressure=False)  # no advantages here
         kept = {k: v for k, v in metrics.items()
                 if k.endswith(("accuracy", "format_ok", "fallback", "response_length", "distinct_candidates"))

@@ -24,12 +24,12 @@ from omegaconf import OmegaConf
 from harness.cli_overrides import close_keys
 from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_WHITENINGS, ADV_NORMS, CLIP_SCOPES, DATA_SPLITS, ENGINES,
                             GRAPH_TOPOLOGIES, LOCAL_DEVICES, LOCAL_DTYPES, LOSS_AGG_MODES, LR_SCHEDULES,
-                            MODEL_TRAINING, MONITORED, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES,
+                            MODEL_TRAINING, MONITORED, OUTCOME_METRICS, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES,
                             VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS, DEFAULT_PROMPTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
 from harness.mitigations import apply_mitigations, mitigation_names
 from harness.models import SCALES, RandomQwen3, is_tiny, positions_of, resolve_model_path
 from harness.sharing import PolicyMap
-from harness.tasks import CODE_TASKS, NEEDS_PATH, TASKS, WARMUP_TASKS
+from harness.tasks import CODE_TASKS, NEEDS_PATH, QA_TASKS, TASKS, WARMUP_TASKS
 from harness.tasks.jail import JailUnavailable, find_jail
 from harness.tasks.qa_synth import SEARCH_WORKFLOWS
 from harness.workflows import WORKFLOWS, build_workflow
@@ -99,6 +99,12 @@ def _complete(cfg: CellConfig) -> CellConfig:
             getattr(cfg.monitors, name).action = cfg.monitors.action
     apply_prompt_set(cfg.workflow, cfg.scale, "code" if cfg.task in CODE_TASKS else "math")
     apply_graph_rewards(cfg)
+    if cfg.reward.outcome_share_mode == "auto":  # cell.yaml records the mode the cell trains with
+        from harness.rewards import resolved_share_mode
+
+        cfg.reward.outcome_share_mode = resolved_share_mode("auto", cfg.algo.adv_estimator)
+    if cfg.reward.outcome_metric == "auto":
+        cfg.reward.outcome_metric = "f1" if cfg.task in QA_TASKS else "exact"
     if not cfg.cell_id:
         cfg.cell_id = default_cell_id(cfg)
     validate(cfg)
@@ -362,6 +368,10 @@ def validate(cfg: CellConfig) -> None:
     _choose("advantage grouping (algo.adv_grouping)", cfg.algo.adv_grouping, ADV_GROUPINGS)
     _choose("advantage normalisation (algo.adv_norm)", cfg.algo.adv_norm, ADV_NORMS)
     _choose("outcome share mode (reward.outcome_share_mode)", cfg.reward.outcome_share_mode, OUTCOME_SHARE_MODES)
+    _choose("outcome metric (reward.outcome_metric)", cfg.reward.outcome_metric, OUTCOME_METRICS)
+    if cfg.reward.outcome_metric == "f1" and cfg.task not in QA_TASKS:
+        raise ConfigError(f"reward.outcome_metric=f1 is token F1 of a QA answer; task {cfg.task} has none: use "
+                          f"exact, or a QA task ({', '.join(sorted(QA_TASKS))})")
     _choose("advantage estimator (algo.adv_estimator)", cfg.algo.adv_estimator, ADV_ESTIMATORS)
     _choose("advantage whitening (algo.adv_whiten)", cfg.algo.adv_whiten, ADV_WHITENINGS)
     if cfg.algo.adv_estimator == "gae":

@@ -13,11 +13,11 @@ from typing import List, Optional
 
 import pandas as pd
 
-from analysis.compare import accuracy_summary, paired_gains
+from analysis.compare import HEADLINE_COLUMNS, accuracy_summary, headline, paired_gains
 from analysis.detector_validation import replay_setup
 from analysis.labels import label_records
 from analysis.load import load_alerts, load_cells, load_metrics, load_samples
-from analysis.plots import names_of, policy_curves, role_curves, signal_curves
+from analysis.plots import loop_curves, names_of, policy_curves, role_curves, signal_curves
 from analysis.signals import signal_trace
 from analysis.workflow_metrics import WINDOW, agent_rows, window_for, workflow_rows
 from harness.logging import read_jsonl
@@ -38,7 +38,7 @@ def _baseline_gain(run: Path) -> Optional[dict]:
     cells = load_cells(run.parent)
     if cells.empty or "single" not in set(cells["topology"]):
         return None
-    gains = paired_gains(accuracy_summary(cells, load_metrics(run.parent, columns=["val/accuracy"])))
+    gains = paired_gains(accuracy_summary(cells, load_metrics(run.parent, columns=HEADLINE_COLUMNS)))
     row = gains[gains["run_dir"] == str(run)]
     return None if row.empty else row.iloc[0].to_dict()
 
@@ -86,6 +86,19 @@ def sample_turns(samples: List[dict]) -> List[dict]:
     return rows
 
 
+def validation_text(metrics: pd.DataFrame, task: str) -> str:
+    """'peak P, final F' of the task's headline validation metric (QA: F1, with EM beside it)."""
+    def peak_final(column: str) -> str:
+        val = metrics[column].dropna() if column in metrics else pd.Series(dtype=float)
+        return f"peak {val.max():.3f}, final {val.iloc[-1]:.3f}" if len(val) else "n/a"
+
+    column, name = headline(task)
+    text = peak_final(column)
+    if column != "val/accuracy" and "val/accuracy" in metrics:
+        text += f" (EM {peak_final('val/accuracy')})"
+    return text
+
+
 def build_run_report(run: Path) -> Path:
     run = Path(run)
     out = run / "report"
@@ -106,14 +119,15 @@ def build_run_report(run: Path) -> Path:
         if len(metrics) else None
     policy_plot = policy_curves(metrics, alerts, out / "policies.png", title=cell["cell_id"], baseline=baseline) \
         if len(metrics) else None
+    loop_plot = loop_curves(metrics.assign(cell_id=cell["cell_id"]), out / "loops.png") if len(metrics) else None
     gain = _baseline_gain(run)
-    val = metrics["val/accuracy"].dropna() if "val/accuracy" in metrics else pd.Series(dtype=float)
+    val_text = validation_text(metrics, str(cell["task"]))
     summary = [("cell", esc(cell["cell_id"])), ("topology / sharing", esc(f"{cell['topology']} / {cell['sharing']}")),
                ("task / scale / seed", esc(f"{cell['task']} / {cell['scale']} / {cell['seed']}")),
                ("status", f'<span class="state-{esc(cell["state"])}">{esc(cell["state"])}</span> at step '
                           f'{esc(cell["step"])} of {esc(cell["steps"])}' +
                           (f" — {esc(status.get('reason'))}" if status.get("reason") else "")),
-               ("validation accuracy", esc(f"peak {val.max():.3f}, final {val.iloc[-1]:.3f}") if len(val) else "n/a"),
+               (f"validation {headline(str(cell['task']))[1]}", esc(val_text)),
                ("policies", esc("; ".join(f"{p}: {', '.join(m)}" for p, m in (status.get("policies") or {}).items())))]
     if gain is not None and not pd.isna(gain.get("gain_final")):
         summary.append(("gain over baseline", esc(f"{gain['gain_final']:+.3f} final, {gain['gain_peak']:+.3f} peak "
@@ -149,6 +163,7 @@ def build_run_report(run: Path) -> Path:
             table(policies) if len(policies) else "",
             f"<h2>Task metric and rounds (first vs last {task_window} steps)</h2>",
             table(task_metrics) if len(task_metrics) else "",
+            *(["<h2>Loop rounds over training</h2>", image(loop_plot, "loop rounds")] if loop_plot else []),
             "<h2>Per agent (UnityMAS-O's figures, mean over training steps)</h2>",
             table(agents) if len(agents) else "",
             "<h2>Role outputs early vs late</h2>"]
@@ -165,8 +180,7 @@ def build_run_report(run: Path) -> Path:
     md = [f"# Run report: {cell['cell_id']}", "", f"**Verdict:** {the_verdict}", "", "## Summary", ""]
     md += [f"- **{k}**: {v}" for k, v in [("topology / sharing", f"{cell['topology']} / {cell['sharing']}"),
                                          ("status", f"{cell['state']} at step {cell['step']} of {cell['steps']}"),
-                                         ("validation accuracy",
-                                          f"peak {val.max():.3f}, final {val.iloc[-1]:.3f}" if len(val) else "n/a")]]
+                                         (f"validation {headline(str(cell['task']))[1]}", val_text)]]
     if gain is not None and not pd.isna(gain.get("gain_final")):
         md.append(f"- **gain over baseline**: {gain['gain_final']:+.3f} final vs {gain['baseline_id']}")
     md += ["", "## Failure labels", "", md_table(labels) if len(labels) else "_no failure_", "",
@@ -178,7 +192,8 @@ def build_run_report(run: Path) -> Path:
            "## Roles early vs late", "", md_table(roles) if len(roles) else "", "",
            "## Policies early vs late", "", md_table(policies) if len(policies) else "", "",
            f"## Task metric and rounds (first vs last {task_window} steps)", "", md_table(task_metrics) if len(task_metrics) else "",
-           "", "## Per agent", "", md_table(agents) if len(agents) else "", "", "## Role outputs early vs late", ""]
+           "", *(["## Loop rounds over training", "", "![loop rounds](loops.png)", ""] if loop_plot else []),
+           "## Per agent", "", md_table(agents) if len(agents) else "", "", "## Role outputs early vs late", ""]
     for t in turns:
         md += [f"**step {t['step']}, {t['role']}** ({t['tokens']} tokens, format ok: {t['format ok']})", "",
                md_code(f"{t['prompt']}\n--> {t['response']}"), ""]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.compare import CELL_TABLE, FAILURE_MODES, compare, seeds_sentence, write_outputs
+from analysis.compare import CELL_TABLE, FAILURE_MODES, compare, headline_name, seeds_sentence, write_outputs
 from analysis.load import find_runs, load_metrics
-from analysis.workflow_metrics import columns_needed, workflow_rows
-from analysis.plots import gain_heatmap, sp_vs_ip
+from analysis.workflow_metrics import columns_needed, paper_table, workflow_rows
+from analysis.plots import gain_heatmap, loop_curves, sp_vs_ip
 from reports.render import esc, image, md_table, page, table, write
 from reports.run_report import build_run_report
 
@@ -36,7 +36,10 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
                                                               for k in ("grad_share", "response_length")])
     side_by_side = [p for topology in sorted(set(cells["topology"]) - {"single"})
                     if (p := sp_vs_ip(metrics, cells, topology, out / f"sp_vs_ip_{topology}.png"))]
-    workflows = workflow_rows(load_metrics(sweep, columns=columns_needed()), cells)
+    episode_metrics = load_metrics(sweep, columns=columns_needed())
+    workflows = workflow_rows(episode_metrics, cells)
+    loops = loop_curves(episode_metrics, out / "loops.png")
+    paper = paper_table(episode_metrics, cells)
     modes = cells[["cell_id", "state"] + [f"first_{m}" for m in FAILURE_MODES] + ["failure_modes", "alerts"]]
     counts = {state: int((cells["state"] == state).sum()) for state in sorted(set(cells["state"]))}
 
@@ -44,7 +47,7 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
             f"<p>{len(cells)} cells ({esc(', '.join(f'{n} {s}' for s, n in counts.items()))}); "
             f"tables as CSV, Markdown and LaTeX in <code>tables/</code>.</p>"]
     for task, grid in result["tables"].items():
-        body += [f"<h2>Task {esc(task)}: final accuracy − paired baseline (mean [95% CI] over seeds)</h2>",
+        body += [f"<h2>Task {esc(task)}: final {esc(metric_of(cells, task))} − paired baseline (mean [95% CI] over seeds)</h2>",
                  f"<p>{esc(seeds_sentence(result['ci']))}</p>", table(grid.reset_index())]
     body += ["<h2>Gain heatmap</h2>"] + [image(p, p.stem) for p in heatmaps]
     body += ["<h2>SP vs IP</h2>"] + [image(p, p.stem) for p in side_by_side]
@@ -56,6 +59,11 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
     body += [f"<h2>Workflows: task metric and rounds (first vs last {workflows.attrs.get('window', 20)} steps, "
              "final validation)</h2>",
              table(workflows, links=links)]
+    if len(paper):
+        body += ["<h2>Workflows as UnityMAS-O reports them: validation F1 (QA) or all-passed rate (code), before "
+                 "training and its peak, per scale (mean over seeds)</h2>", table(paper)]
+    if loops:
+        body += ["<h2>Loop rounds over training (one line per cell)</h2>", image(loops, "loop rounds")]
     evaluation = evaluation_table(sweep)
     if evaluation is not None:
         body += ["<h2>Checkpoint evaluation (pass@k, <code>python -m analysis.evaluate</code>)</h2>",
@@ -68,18 +76,27 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
 
     md = [f"# Sweep report: {sweep.name}", "", f"{len(cells)} cells.", ""]
     for task, grid in result["tables"].items():
-        md += [f"## Task {task}: final accuracy − paired baseline (mean [95% CI] over seeds)", "",
+        md += [f"## Task {task}: final {metric_of(cells, task)} − paired baseline (mean [95% CI] over seeds)", "",
                seeds_sentence(result["ci"]), "", md_table(grid.reset_index()), ""]
     md += [f"![{p.stem}]({p.name})" for p in heatmaps + side_by_side] + [""]
     if len(gains):
         md += ["## Cells against their baselines", "", md_table(gains[CELL_TABLE]), ""]
     md += ["## Workflows: task metric and rounds", "", md_table(workflows), ""]
+    if len(paper):
+        md += ["## Workflows as UnityMAS-O reports them (before training, peak)", "", md_table(paper), ""]
+    if loops:
+        md += ["## Loop rounds over training", "", "![loop rounds](loops.png)", ""]
     if evaluation is not None:
         md += ["## Checkpoint evaluation (pass@k)", "", md_table(evaluation), ""]
     md += ["## Failure modes", "", md_table(modes), "", "## Run reports", ""]
     md += [f"- [{cid}]({href.replace('index.html', 'report.md')})" for cid, href in sorted(links.items())]
     write(out / "report.md", "\n".join(md))
     return out / "index.html"
+
+
+def metric_of(cells, task_axis: str) -> str:
+    """The headline metric's name for a task axis value (F1 for QA, accuracy otherwise)."""
+    return headline_name(cells.loc[cells["task_axis"].astype(str) == str(task_axis), "task"])
 
 
 def evaluation_table(sweep: Path):

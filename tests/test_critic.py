@@ -78,10 +78,12 @@ def test_a_gae_cell_trains_its_critic_logs_it_per_role_and_resumes_exactly(tmp_p
 def test_gae_on_the_verl_engine_trains_verls_critic_and_resumes_exactly(tmp_path, warm_model_dir):
     """engine=verl: verl's critic worker group (value-head FSDP engine, verl's value_loss) per policy.
     Its first value loss each step is the harness's clipped loss on the logged values and returns
-    (the same formula, computed by verl), its checkpoint resumes the same numbers, and it learns."""
+    (the same formula, computed by verl), its checkpoint resumes the same numbers, and it learns. A
+    voting cell: the voters' successor is the aggregator's stage (graph GAE), and the outcome lands on
+    the aggregator, the last stage (outcome_share_mode auto -> last under GAE)."""
     import ray
 
-    common = ("engine=verl", "topology=eval_opt", "sharing=sp", "algo.adv_estimator=gae", "algo.gae_gamma=0.9",
+    common = ("engine=verl", "topology=voting", "sharing=sp", "algo.adv_estimator=gae", "algo.gae_gamma=0.9",
               "val_every=100", "samples_every=0", "ckpt_every=2", "algo.problems_per_step=4", "algo.critic_steps=8",
               "algo.verl_critic_lr=1e-3")
     try:
@@ -96,10 +98,11 @@ def test_gae_on_the_verl_engine_trains_verls_critic_and_resumes_exactly(tmp_path
     want, got = read_jsonl(run_dir_of(straight).file("metrics.jsonl")), read_jsonl(run_dir_of(continued).file("metrics.jsonl"))
     assert [m["step"] for m in got] == list(range(3))
     for a, b in zip(got, want):
-        for key in ("role/generator/value", "role/evaluator/value", "policy/shared/value_loss", "reward/mean"):
+        for key in ("role/voter/value", "role/aggregator/value", "policy/shared/value_loss", "reward/mean"):
             assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-7), (a["step"], key)
     for m in want:  # one policy: its first loss is over all turns, at V = V_old (nothing clipped yet)
-        roles = [r for r in ("generator", "evaluator") if f"role/{r}/value" in m]
+        roles = [r for r in ("voter", "aggregator") if f"role/{r}/value" in m]
+        assert m["role/voter/reward"] == 0.0 and math.isclose(m["role/aggregator/reward"], m["accuracy"])
         assert m["policy/shared/value_clipfrac"] == 0.0 and roles
         turns = {r: m[f"role/{r}/turns"] for r in roles}  # verl's loss over all turns = the harness's per role, pooled
         pooled = sum(turns[r] * m[f"role/{r}/value_loss"] for r in roles) / sum(turns.values())

@@ -38,6 +38,8 @@ def test_nq_and_hotpotqa_fixtures_load_and_grade():
     assert nq.grade(moon, "Answer: July 20, 1969").correct and nq.grade(moon, "Answer: 1969").correct
     wrong = nq.grade(moon, "Answer: 21 July 1969")
     assert not wrong.correct and "F1 0.67" in wrong.reason and nq.f1(moon, "Answer: 21 July 1969") == pytest.approx(2 / 3)
+    assert wrong.score == pytest.approx(2 / 3)  # the partial credit a reward.outcome_metric=f1 cell is paid
+    assert nq.grade(moon, "Answer: 1969").score == 1.0 and nq.grade(moon, "no answer line").score == 0.0
     hotpot = task_for("hotpotqa", FIXTURES / "hotpotqa_sample.json")
     problems = {p.uid: p for p in hotpot.problems("train") + hotpot.problems("val")}
     protocol = problems["hotpotqa-5a8c7595554299585d9e36b6"]

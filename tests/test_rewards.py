@@ -37,7 +37,7 @@ def test_gamma_discounts_each_turn_by_its_workflow_step(tmp_path, warm_model_dir
         plain = [t.reward for t in episode.turns]
         assign_rewards(episode, discounted)
         assert [t.reward for t in episode.turns] == pytest.approx([r * 0.5 ** i for i, r in enumerate(plain)])
-        assert [t.index for t in episode.turns] == list(range(len(episode.turns)))
+        assert [t.index for t in episode.turns] == [t.depth for t in episode.turns] == list(range(len(episode.turns)))
 
 
 def test_split_pays_the_outcome_once_per_episode(tmp_path, warm_model_dir):
@@ -58,16 +58,41 @@ def test_a_user_allocator_writes_the_turn_rewards(tmp_path, warm_model_dir):
     for episode in episodes:
         assign_rewards(episode, cfg.reward)
         *early, last = [t.reward for t in episode.turns]
-        assert early == [0.0] * 3 and last == pytest.approx(float(episode.grade.correct) * 0.9 ** 3)
+        assert early == [0.0] * 3 and last == pytest.approx(float(episode.grade.correct) * 0.9)  # stage 2 of 2
     cfg.reward.allocator = "tests.reward_allocators:one_too_few"
     with pytest.raises(ValueError, match="returned 3 rewards for 4 turns"):
         assign_rewards(episodes[0], cfg.reward)
 
 
+def test_on_qa_the_outcome_is_the_answers_f1_and_exact_match_is_an_option(tmp_path, warm_model_dir):
+    """qa-synth resolves outcome_metric=auto to f1 (UnityMAS-O's metric): a wrong but close answer
+    is paid its token F1; under exact it is paid 0 (outcome-only weights, GRPO: every turn pays it)."""
+    cfg, episodes = _episodes(tmp_path, warm_model_dir, "topology=qd_retrieve_answer", "task=qa-synth",
+                              "reward.node=0", "reward.turn=0", "reward.traj=1")
+    assert (cfg.reward.outcome_metric, cfg.reward.outcome_share_mode) == ("f1", "full")
+    exact = copy.deepcopy(cfg.reward)
+    exact.outcome_metric = "exact"
+    for episode in episodes:
+        assign_rewards(episode, cfg.reward)
+        assert [t.reward for t in episode.turns] == pytest.approx([episode.grade.score] * len(episode.turns))
+        assign_rewards(episode, exact)
+        assert [t.reward for t in episode.turns] == [float(episode.grade.correct)] * len(episode.turns)
+    assert all(0.0 <= e.grade.score <= 1.0 and (e.grade.score == 1.0) == e.grade.correct for e in episodes)
+    episode = episodes[0]  # a near answer: the gold's first word and one wrong word
+    gold = episode.problem.meta["answers"][0]
+    episode.grade = build_task(cfg).grade(episode.problem, f"Answer: {gold.split()[0]} nobody")
+    assign_rewards(episode, cfg.reward)
+    assert not episode.grade.correct and 0.0 < episode.grade.score < 1.0
+    assert [t.reward for t in episode.turns] == pytest.approx([episode.grade.score] * len(episode.turns))
+    assert cell(tmp_path / "arith").reward.outcome_metric == "exact"
+
+
 @pytest.mark.parametrize("override,message", [
     ("reward.gamma=0", "reward.gamma must be in (0, 1]"),
     ("reward.gamma=1.5", "reward.gamma must be in (0, 1]"),
-    ("reward.outcome_share_mode=half", "valid choices: full, split"),
+    ("reward.outcome_share_mode=half", "valid choices: auto, full, last, split"),
+    ("reward.outcome_metric=bleu", "valid choices: auto, exact, f1"),
+    ("reward.outcome_metric=f1", "task arith has none: use exact, or a QA task (hotpotqa, nq, qa-synth)"),
     ("reward.allocator=tests.reward_allocators", "reward.allocator must read 'package.module:function'"),
     ("reward.allocator=tests.reward_allocators:missing", "reward.allocator 'tests.reward_allocators:missing' cannot be loaded"),
     ("reward.allocator=tests.reward_allocators:NOT_A_FUNCTION", "is not callable"),

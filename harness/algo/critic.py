@@ -1,14 +1,18 @@
 """PPO with a GAE critic, UnityMAS-O's alternative to GRPO (`algo.adv_estimator=gae`).
 
-A workflow episode is a trajectory of turns s_1, ..., s_T (each the prompt a role acted on). Every
-model instance (policy) has a critic: a value head on the last prompt token's final hidden state
-of that policy's own model (adapter on, features detached, so the critic never moves the actor).
-The value of a state is the critic of the policy that acts there. Over each episode's turns:
+A workflow episode is a path through its graph: stages k = 0..K-1 (Turn.depth), each one turn or
+several run at once (three voters, the workers of a plan). Every model instance (policy) has a
+critic: a value head on the last prompt token's final hidden state of that policy's own model
+(adapter on, features detached, so the critic never moves the actor). The value of a state is the
+critic of the policy that acts there. For a turn t at stage k, the successor is stage k+1, shared
+by all of stage k's turns; a stage of several turns is read once, as the mean of its turns:
 
-    delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)        (V after the last turn: 0)
-    A_t     = sum_l (gamma * lambda)^l * delta_{t+l},   R_t = A_t + V(s_t)
+    delta_t = r_t + gamma * V_{k+1} - V(s_t)           V_{k+1}: the mean value of stage k+1 (0 after the last)
+    A_t     = delta_t + gamma * lambda * A_{k+1},       A_{k+1}: the mean advantage of stage k+1;  R_t = A_t + V(s_t)
 
-as verl's `compute_gae_advantage_return` computes it with turns in place of tokens; the advantages
+which is verl's `compute_gae_advantage_return` with turns in place of tokens wherever every stage
+is one turn (a chain: eval_opt, D's loop; tested equal), and keeps a voter's successor the
+aggregator rather than the sibling that happened to finish after it; the advantages
 are whitened within each policy's turns (`algo.adv_whiten=policy`, UnityMAS-O's worker groups each
 with its own buffer; verl's masked_whiten) or over all the step's turns (`cell`, one verl batch),
 the value loss is verl's clipped one,
@@ -37,12 +41,28 @@ def turn_gae(rewards: Sequence[float], values: Sequence[float], gamma: float, la
     return advantages, [a + v for a, v in zip(advantages, values)]
 
 
+def stage_gae(rewards: Sequence[float], values: Sequence[float], depths: Sequence[int], gamma: float,
+              lam: float) -> Tuple[List[float], List[float]]:
+    """(advantages, returns) of one episode's turns, in their order, over its graph stages (depths)."""
+    stages: Dict[int, List[int]] = {}
+    for index, depth in enumerate(depths):
+        stages.setdefault(depth, []).append(index)
+    advantages = [0.0] * len(rewards)
+    next_value = next_advantage = 0.0
+    for depth in sorted(stages, reverse=True):
+        members = stages[depth]
+        for i in members:
+            advantages[i] = rewards[i] + gamma * next_value - values[i] + gamma * lam * next_advantage
+        next_value = sum(values[i] for i in members) / len(members)
+        next_advantage = sum(advantages[i] for i in members) / len(members)
+    return advantages, [a + v for a, v in zip(advantages, values)]
+
+
 def verl_gae(episodes: Sequence[Tuple[Sequence[float], Sequence[float]]], gamma: float,
              lam: float) -> Tuple[List[List[float]], List[List[float]]]:
     """verl's own `compute_gae_advantage_return` over a step's episodes, turns as its tokens (each
     episode one row of (rewards, values), padded and masked): (whitened advantages, returns) per
-    episode. `turn_gae` + `whiten` compute the same (tested within 1e-6); this is the call the
-    trainer makes."""
+    episode. The reference the trainer's `stage_gae` + `whiten` are tested against on chains."""
     from verl.trainer.ppo.core_algos import compute_gae_advantage_return
 
     width = max((len(r) for r, _ in episodes), default=0)

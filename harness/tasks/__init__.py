@@ -69,6 +69,7 @@ TASKS: Dict[str, Callable] = {
     "nq": _qa("nq"), "hotpotqa": _qa("hotpotqa"),  # UnityMAS-O's search QA, EM and token F1
     "qa-synth": _qa("qa-synth"),  # a generated multi-hop world the tiny model can search
 }
+QA_TASKS = {"qa-synth", "nq", "hotpotqa"}  # graded by exact match, with token F1 as partial credit (Grade.score)
 CODE_TASKS = {"humaneval", "mbpp", "code-synth", "deepcoder"}  # graded by running model-written code in the sandbox
 NEEDS_PATH = {"math", "dapo-math", "aime", "math500", "deepcoder", "nq", "hotpotqa"}  # no offline source: the file must be given
 WARMUP_TASKS = {"arith": "arith", "code-synth": "code_synth", "qa-synth": "qa_synth"}  # tasks a tiny model is warmed up on -> their config

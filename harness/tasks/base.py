@@ -26,6 +26,7 @@ class Grade:
     correct: bool
     parsed: Optional[str]  # the extracted answer, None when nothing parsed
     reason: str = ""  # why it failed: "no answer found", "wrong value 41 != 42", ...
+    score: Optional[float] = None  # partial credit in [0, 1] where the task has one (QA: token F1); else None
 
 
 class Task(ABC):

@@ -80,11 +80,12 @@ class QATask(Task):
     def grade(self, problem: Problem, text: str) -> Grade:
         answer = self.extract_answer(text)
         if answer is None:
-            return Grade(False, None, "no answer found")
+            return Grade(False, None, "no answer found", score=0.0)
         golds = problem.meta["answers"]
         if exact_match(answer, golds):
-            return Grade(True, answer)
-        return Grade(False, answer, f"wrong answer {answer!r} (F1 {token_f1(answer, golds):.2f} against {golds[0]!r})")
+            return Grade(True, answer, score=1.0)
+        f1 = token_f1(answer, golds)
+        return Grade(False, answer, f"wrong answer {answer!r} (F1 {f1:.2f} against {golds[0]!r})", score=f1)
 
     def f1(self, problem: Problem, text: str) -> float:
         answer = self.extract_answer(text)

@@ -43,7 +43,8 @@ class Turn:
     response_ids: List[int]
     text: str
     truncated: bool
-    index: int  # position in the episode
+    index: int  # position in the episode, in order of completion
+    depth: int = 0  # stage on the episode's path through the workflow graph: parallel siblings share it
     malformed: bool = False  # the reply does not follow its contract's exact format
     fallback: bool = False  # nothing of the contract could be read: the documented default was used
     role_correct: Optional[bool] = None  # the role did its own job (voter right, verdict right...)
@@ -175,14 +176,17 @@ class Agents:
         self._temperature = temperature
         self._greedy = greedy
         self.turns: List[Turn] = []
+        self._frontier = 0  # the stage the episode's next request starts at
 
     async def ask(self, role: str, instance: int = 0, template: Optional[str] = None, **fields: str) -> Turn:
         prompt = self._prompts[template or role].format(**fields)
         policy = self._policy_of(role, instance)
         sampling = Sampling(self._budgets[role], self._temperature, self._greedy)
-        generation = await self._scheduler.request(policy, prompt, sampling)
+        depth = self._frontier  # requests filed together (a gather: voters, workers) are one stage;
+        generation = await self._scheduler.request(policy, prompt, sampling)  # the scheduler serves a round
+        self._frontier = max(self._frontier, depth + 1)  # only once every episode has filed its requests
         turn = Turn(role, instance, policy, prompt, generation.prompt_ids, generation.response_ids,
-                    generation.text, generation.truncated, index=len(self.turns),
+                    generation.text, generation.truncated, index=len(self.turns), depth=depth,
                     rollout_log_probs=generation.log_probs)
         self.turns.append(turn)
         return turn

@@ -55,7 +55,13 @@ for _ in $(seq 120); do
 done
 "$RAY" status --address="$RAY_ADDRESS" >/dev/null 2>&1 || { echo "ray-up: head on $head:$port did not start" >&2; exit 1; }
 for worker in "${nodes[@]:1}"; do
-  start_node "$worker" --address="$RAY_ADDRESS"
+  start_node "$worker" --address="$RAY_ADDRESS" --node-ip-address="$worker"
 done
+alive_nodes() { "$RAY" status --address="$RAY_ADDRESS" 2>/dev/null | grep -cE '^ +[0-9]+ node_' || true; }
+for _ in $(seq 240); do  # the command starts once every node of the allocation has joined
+  [ "$(alive_nodes)" -ge "${#nodes[@]}" ] && break
+  sleep 0.5
+done
+[ "$(alive_nodes)" -ge "${#nodes[@]}" ] || { echo "ray-up: only $(alive_nodes) of ${#nodes[@]} nodes joined $RAY_ADDRESS" >&2; exit 1; }
 echo "ray-up: cluster at $RAY_ADDRESS over ${#nodes[@]} node(s), temp dir $temp_dir" >&2
 "$@"

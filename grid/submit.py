@@ -34,6 +34,8 @@ class CellJob(submitit.helpers.Checkpointable):
         from harness.run import run_cell
         from harness.validation import config_from_dict
 
+        if int(os.environ.get("SLURM_PROCID", "0")) > 0:  # a multi-node cell's task on another node: the cell
+            return "worker"  # runs once, from the first task; Ray's workers there are ray-up's own job steps
         cfg = config_from_dict(overrides)
         path = Path(cfg.root) / cfg.sweep / cfg.cell_id
         deadline = time.time() + 120

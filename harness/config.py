@@ -20,7 +20,7 @@ SHARING_MODES = ("sp", "ip", "ip_instance", "custom", "partial", "paper")
 # partial sharing) and paper (UnityMAS-O's paper's mapping of the workflow's agents onto models)
 GRAPH_SHARING_MODES = ("partial", "paper")
 ENGINES = ("local", "verl")
-VERL_PLACEMENTS = ("colocate", "split")
+VERL_PLACEMENTS = ("colocate", "split", "per_node")
 VERL_DEVICES = ("auto", "cpu", "cuda")
 LOCAL_DEVICES = ("auto", "cpu", "cuda")
 LOCAL_DTYPES = ("fp32", "bf16")
@@ -356,7 +356,9 @@ class VerlConfig:
 
     device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu (the CPU platform plugin)
     gpus_per_policy: int = 1  # FSDP ranks of each policy's worker group
-    placement: str = "colocate"  # colocate: all policies share the cell's GPUs; split: each its own
+    # colocate: all policies share the cell's GPUs; split: each its own; per_node: each its own, pinned round-robin
+    # to the Ray cluster's nodes (one policy per node on a multi-node cell); the run records where (placement.json)
+    placement: str = "colocate"
     use_dynamic_bsz: bool = True  # micro-batches by token budget (verl's default) instead of by count
     max_token_len_per_gpu: int = 4096
     gradient_checkpointing: bool = False

@@ -8,6 +8,7 @@ alone; a failed one records why in status.json.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import sys
@@ -35,6 +36,10 @@ def run_dir_of(cfg: CellConfig) -> RunDir:
 def _config_mismatch(stored: dict, requested: dict) -> List[str]:
     keys = (set(stored) | set(requested)) - set(RESUMABLE_KEYS)
     return sorted(k for k in keys if stored.get(k) != requested.get(k))
+
+
+class NodeLost(RuntimeError):
+    """A node of a multi-node cell went away mid-run (engine=verl over several Ray nodes)."""
 
 
 class CellFailed(RuntimeError):
@@ -128,6 +133,9 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     engine = build_engine(cfg, model_dir, policy_map.policies, run_dir.path / "engine", task=task)
+    if getattr(engine, "placement", None):  # engine=verl: which Ray node(s) each policy's workers were given
+        write_atomic(run_dir.file("placement.json"), json.dumps({"placement": cfg.verl.placement,
+                                                                 "policies": engine.placement}, indent=2))
     controller = Controller(cfg, task, workflow, policy_map, engine)
     start, best, waiting = 0, -1.0, None
     checkpoint = resume.checkpoint
@@ -242,9 +250,12 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
             if reason:
                 state = "stopped_early"
                 break
-    except Exception:
+    except Exception as exc:
         if sink is not None:
             sink.finish("failed")
+        lost = engine.lost_nodes(exc) if hasattr(engine, "lost_nodes") else None
+        if lost:  # a multi-node cell: the reason names the node that went, not the actor call that noticed
+            raise NodeLost(f"{lost}: {failure_reason(exc)}") from exc
         raise  # recorded by run_cell's one failure path
     except BaseException:  # interrupted (SLURM requeue/timeout exit, Ctrl-C): not a failure, resumable
         run_dir.write_status("running", reason="interrupted; resumes from the last checkpoint")

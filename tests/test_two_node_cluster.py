@@ -1,14 +1,25 @@
 """Two SLURM nodes on one machine (`slurm/local-cluster.sh start --nodes 2`): each slurmd runs in a
 network namespace of its own, so a two-node job's steps run on two hosts with two addresses, and
-`slurm/ray-up.sh` joins them into one Ray cluster; `start` without --nodes goes back to the
-single node the other tests use and removes the namespaces."""
+`slurm/ray-up.sh` joins them into one Ray cluster; a voting/IP engine=verl cell spans both nodes
+(one policy per node), matches the same cell on one node step for step, and when node 2 is lost
+mid-run it fails naming the node and a relaunch resumes it to the same metrics; `start` without
+--nodes goes back to the single node the other tests use and removes the namespaces."""
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from harness.logging import read_jsonl
 from tests.conftest import REPO
+from tests.test_grid_slurm import LAUNCH
+
+CELL = "voting-ip-math-tiny-m-s0"
+SPAN = ["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.sharing=[ip]", "sweep.baseline=false",
+        "sweep.cell.steps=6", "sweep.cell.ckpt_every=2", "sweep.cell.val_every=3", "+sweep.cell.engine=verl",
+        "+sweep.cell.verl.placement=per_node", "cluster.resources.tiny-m.nodes=2", "wait=true"]
 
 CLUSTER = ["bash", "slurm/local-cluster.sh"]
 
@@ -51,22 +62,86 @@ def test_a_two_node_jobs_steps_run_on_two_hosts_with_two_addresses(two_nodes, tm
     assert steps == [["n1", "10.77.0.11", "10.77.0.11"], ["n2", "10.77.0.12", "10.77.0.12"]], out.read_text()
 
 
-def test_ray_up_joins_both_nodes_and_a_task_runs_on_each(two_nodes, tmp_path):
-    out = tmp_path / "ray.out"
-    probe = ("import os, ray; ray.init(address=os.environ['RAY_ADDRESS']); "
-             "print('ray nodes', sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])); "
-             "where = ray.remote(num_gpus=1)(lambda: os.environ['SLURMD_NODENAME']); "
-             "print('ran on', sorted(ray.get([where.remote(), where.remote()])))")
-    script = tmp_path / "ray.sh"
-    script.write_text(f"#!/bin/bash\nexport PATH={sys.executable.rsplit('/', 1)[0]}:$PATH\n"
-                      f"RAY_UP_NUM_GPUS=1 {REPO}/slurm/ray-up.sh python -c \"{probe}\"\n")
-    job = sbatch_wait(script, "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2", "--mem=3G", f"--output={out}")
-    text = out.read_text()
-    assert job.returncode == 0, text[-3000:]
-    assert "over 2 node(s)" in text and "ray nodes ['n1', 'n2']" in text, text[-3000:]
-    assert "ran on ['n1', 'n2']" in text, text[-3000:]  # one logical GPU a node: one task on each
-    job_id = job.stdout.split()[-1]
-    assert not (Path("/tmp") / f"ray-{job_id}").exists()  # ray-up tore its cluster down with the job
+def _launch(root: Path) -> subprocess.Popen:
+    return subprocess.Popen(LAUNCH + [f"root={root}", "launcher=slurm", *SPAN], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait(condition, seconds: float, what: str) -> None:
+    deadline = time.time() + seconds
+    while not condition():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _one_node_run(spanning_root: Path, root: Path) -> subprocess.Popen:
+    """The same cell on one node: its own private Ray, every policy on it (the overrides the grid
+    wrote for the two-node cell, another root)."""
+    spec = spanning_root / "smoke" / ".grid" / f"{CELL}.overrides.json"
+    _wait(spec.is_file, 300, "the two-node cell's job to start")
+    overrides = {**json.loads(spec.read_text()), "root": str(root)}
+    (root / "overrides.json").parent.mkdir(parents=True, exist_ok=True)
+    (root / "overrides.json").write_text(json.dumps(overrides))
+    env = {k: v for k, v in __import__("os").environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.Popen([sys.executable, "-m", "grid.cell_job", str(root / "overrides.json")], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _same_steps(got, want) -> None:
+    assert [m["step"] for m in got] == [m["step"] for m in want] == list(range(6))
+    for a, b in zip(got, want):  # wall-clock keys aside, key for key (parity tolerance 1e-6 for gradient norms)
+        assert sorted(k for k in a if not k.startswith("time/")) == sorted(k for k in b if not k.startswith("time/"))
+        assert a["reward/mean"] == b["reward/mean"] and a["loss"] == pytest.approx(b["loss"], abs=1e-6), a["step"]
+        assert a["policy/voter/grad_norm"] == pytest.approx(b["policy/voter/grad_norm"], abs=1e-6), a["step"]
+
+
+@pytest.fixture(scope="module")
+def one_node_metrics(two_nodes, tmp_path_factory):
+    """A two-node cell, uninterrupted, and the same cell on one node beside it."""
+    spanning, alone = tmp_path_factory.mktemp("two-nodes"), tmp_path_factory.mktemp("one-node")
+    launched = _launch(spanning)
+    reference = _one_node_run(spanning, alone)
+    out, err = launched.communicate(timeout=900)
+    assert launched.returncode == 0 and "summary: 1 finished" in out, out + err
+    assert reference.wait(timeout=900) == 0, reference.stderr.read()[-3000:]
+    return spanning / "smoke" / CELL, read_jsonl(alone / "smoke" / CELL / "metrics.jsonl")
+
+
+def test_a_verl_cell_over_two_nodes_puts_one_policy_on_each_and_matches_one_node(one_node_metrics):
+    run, want = one_node_metrics
+    placement = json.loads((run / "placement.json").read_text())
+    assert placement == {"placement": "per_node", "policies": {"aggregator": ["n1"], "voter": ["n2"]}}
+    _same_steps(read_jsonl(run / "metrics.jsonl"), want)
+    # one checkpoint covers the shards both hosts wrote (the voter's on n2, the aggregator's on n1)
+    latest = json.loads((run / "checkpoints" / "latest.json").read_text())
+    files = json.loads((run / "checkpoints" / latest["dir"] / "manifest.json").read_text())["files"]
+    for policy in ("voter", "aggregator"):
+        assert f"verl/{policy}/model_world_size_1_rank_0.pt" in files, sorted(files)[:20]
+
+
+def test_losing_node_two_fails_the_cell_naming_it_and_a_relaunch_resumes_to_the_same_metrics(one_node_metrics,
+                                                                                           tmp_path):
+    _, want = one_node_metrics
+    run = tmp_path / "smoke" / CELL
+    launched = _launch(tmp_path)
+    try:
+        _wait(lambda: len(read_jsonl(run / "metrics.jsonl")) >= 3, 600, "three steps")
+        pids = subprocess.run(["ip", "netns", "pids", "marl-n2"], capture_output=True, text=True).stdout.split()
+        for pid in pids:  # every process of node 2 but its slurmd: the Ray node there is gone
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "slurmd":
+                subprocess.run(["kill", "-9", pid], capture_output=True)
+        out, err = launched.communicate(timeout=600)
+    finally:
+        if launched.poll() is None:
+            launched.kill()
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "failed", status
+    assert status["reason"].startswith("NodeLost: lost Ray node n2 (voter on n2)"), status["reason"]
+    assert 3 <= len(read_jsonl(run / "metrics.jsonl")) < 6
+    relaunch = _launch(tmp_path)
+    out, err = relaunch.communicate(timeout=900)
+    assert relaunch.returncode == 0 and "summary: 1 finished" in out, out + err
+    _same_steps(read_jsonl(run / "metrics.jsonl"), want)
 
 
 def test_one_node_again_removes_the_namespaces_and_their_names(two_nodes):

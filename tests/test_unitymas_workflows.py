@@ -258,6 +258,11 @@ def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tm
     # 3 steps a cell: the first step against the last (never the same steps twice)
     assert "EM first 1" in section and "F1 last 1" in section and "rounds first 1" in section
     assert "all passed first 1" in section and "first vs last 1 steps" in section
+    # UnityMAS-O's results table: workflow x sharing rows, the headline metric before training and its peak per scale
+    paper = text.split("Workflows as UnityMAS-O reports them")[1].split("Loop rounds over training")[0]
+    assert "tiny-s before" in paper and "tiny-s peak" in paper and "all passed" in paper and "F1" in paper, paper
+    assert all(topology in paper for topology in ("qd_retrieve_answer", "mask_search", "reflective_code"))
+    assert "## Workflows as UnityMAS-O reports them" in (report.parent / "report.md").read_text()
     # the loops' length over training: the sweep's figure and the run reports' of the looping workflows
     assert "Loop rounds over training" in text and (report.parent / "loops.png").stat().st_size > 5000
     for looping in ("reflective_code-ip-verified_code-tiny-s-s0", "mask_search-ip-search-tiny-s-s0"):

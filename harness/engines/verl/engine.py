@@ -60,7 +60,7 @@ def logical_resources(cfg, n_policies: int) -> Tuple[int, int]:
     """(CPUs, GPUs) a Ray on CPU-only nodes declares for a cell: verl's resource pools ask for
     GPUs (one per FSDP rank; shared when colocated) and a CPU per colocated actor."""
     per_policy = cfg.verl.gpus_per_policy
-    gpus = per_policy if cfg.verl.placement == "colocate" else per_policy * n_policies
+    gpus = per_policy if cfg.verl.placement == "colocate" else per_policy * n_policies  # split, per_node
     actors = 3 if cfg.algo.adv_estimator == "gae" else 2  # trainer, rollout server (+ critic)
     return max(4, actors * n_policies * per_policy), gpus
 
@@ -80,6 +80,25 @@ def start_ray(cfg, device: str, n_policies: int) -> None:
     cpus, gpus = logical_resources(cfg, n_policies)
     ray.init(num_cpus=cfg.verl.ray_num_cpus or cpus, num_gpus=gpus if device == "cpu" else None,  # real GPUs: detected
              include_dashboard=False, _temp_dir=temp_dir, runtime_env=env, log_to_driver=False)
+
+
+def node_resources() -> List[str]:
+    """Ray's per-node resource names (`node:<address>`) of the alive nodes, the head's first: what
+    `verl.placement=per_node` pins a policy's pool to."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    alive.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"]))
+    return [next(k for k in n["Resources"] if k.startswith("node:") and k != "node:__internal_head__") for n in alive]
+
+
+def hosts_of(pool) -> List[str]:
+    """The Ray node addresses a resource pool's placement groups were given."""
+    import ray
+
+    address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    return sorted({address.get(node, node) for pg in pool.pgs or []
+                   for node in ray.util.placement_group_table(pg)["bundles_to_node_id"].values()})
 
 
 def training_worker_config(cfg, model_dir: Path, adapter_dir: Optional[Path], device: str):
@@ -147,12 +166,17 @@ class VerlEngine:
         if cfg.verl.placement == "colocate":
             self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=per_pool * len(self.policies),
                                               name_prefix=f"cell_{tag}"))
-        self.groups, configs, critics = {}, {}, {}
-        for policy in self.policies:
-            if cfg.verl.placement == "split":
+        nodes = node_resources() if cfg.verl.placement == "per_node" else []
+        self.groups, configs, critics, pool_of = {}, {}, {}, {}
+        for index, policy in enumerate(self.policies):
+            if cfg.verl.placement != "colocate":  # split, per_node: the policy's own pool
+                # per_node pins the pool to one node through Ray's own node resource (verl puts a pool's
+                # accelerator_type into every bundle): policies go round-robin over the nodes
+                pin = nodes[index % len(nodes)] if nodes else None
                 self.pools.append(RayResourcePool([per_policy], use_gpu=True, max_colocate_count=per_pool,
-                                                  name_prefix=f"{policy}_{tag}"))
+                                                  name_prefix=f"{policy}_{tag}", accelerator_type=pin))
             self.pools[-1].get_placement_groups(device_name=self.device)  # verl's default asks for "cuda"
+            pool_of[policy] = self.pools[-1]
             configs[policy] = training_worker_config(instance_cfg[policy], dirs[policy], adapters[policy], self.device)
             worker = RayClassWithInitArgs(ray.remote(PolicyWorker), config=configs[policy], harness=harness)
             self.groups[policy] = RayWorkerGroup(resource_pool=self.pools[-1], ray_cls_with_init=worker,
@@ -164,6 +188,7 @@ class VerlEngine:
                                               config=critic_worker_config(instance_cfg[policy], dirs[policy], self.device))
                 critics[policy] = RayWorkerGroup(resource_pool=self.pools[-1], ray_cls_with_init=critic,
                                                  name_prefix=f"{policy}_critic_{tag}")
+        self.placement = {policy: hosts_of(pool) for policy, pool in pool_of.items()}  # what the run records
         for group in self.groups.values():
             group.reset()  # builds model, FSDP, optimizer, scheduler on every rank
             group.remember_initial()  # θ_0 for drift, before any checkpoint is loaded
@@ -276,6 +301,33 @@ class VerlEngine:
             group.load(str(Path(path).resolve() / "verl" / policy))
         self._sleep_rollouts()
         self._sync_rollouts()
+
+    def lost_nodes(self, exc: BaseException, wait_s: float = 90.0) -> Optional[str]:
+        """After a Ray error, the nodes of this cell's placement that Ray has declared dead, with the
+        policies whose workers ran there; None for any other failure. Ray declares a node dead only
+        after missed health checks, so the cluster is polled for a while first."""
+        import time
+
+        import ray
+        from ray.exceptions import RayError
+
+        if not isinstance(exc, RayError) or not getattr(self, "placement", None):
+            return None
+        hosts = {host for placed in self.placement.values() for host in placed}
+        deadline = time.time() + wait_s
+        while True:
+            try:
+                dead = {n["NodeManagerAddress"] for n in ray.nodes() if not n["Alive"]} & hosts
+            except Exception:  # noqa: BLE001 - the head itself is gone: nothing to name from here
+                return None
+            if dead or time.time() > deadline:
+                break
+            time.sleep(2)
+        if not dead:
+            return None
+        ran = ", ".join(f"{policy} on {host}" for policy, placed in sorted(self.placement.items())
+                        for host in placed if host in dead)
+        return f"lost Ray node {', '.join(sorted(dead))} ({ran})"
 
     def shutdown(self) -> None:
         import ray

@@ -83,8 +83,12 @@ namespaces_up() {  # a bridge in this namespace, one namespace per node joined t
     ip link add "$BRIDGE" type bridge && ip addr add "$SUBNET.1/24" dev "$BRIDGE"; }
   ip link set "$BRIDGE" up
   for i in $(seq "$NODES"); do
-    ip netns list | grep -qw "marl-n$i" && continue
+    if ip netns list | grep -qw "marl-n$i"; then  # kept if whole (a running node), else made again
+      ip netns exec "marl-n$i" ip -o addr show 2>/dev/null | grep -q " $SUBNET.1$i/" && continue
+      ip netns del "marl-n$i"
+    fi
     ip netns add "marl-n$i"
+    ip link del "marl-v$i" 2>/dev/null || true  # a pair whose namespace was just deleted may linger a moment
     ip link add "marl-v$i" type veth peer name "marl-v${i}p"
     ip link set "marl-v${i}p" netns "marl-n$i"
     ip link set "marl-v$i" master "$BRIDGE"
@@ -98,10 +102,13 @@ namespaces_up() {  # a bridge in this namespace, one namespace per node joined t
 }
 
 namespaces_down() {
-  local ns
+  local ns link
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^marl-n[0-9]+$' || true); do
     ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns del "$ns"
+  done
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep -oE '^marl-v[0-9]+' || true); do
+    ip link del "$link" 2>/dev/null || true  # one end of a pair removes both
   done
   ip link del "$BRIDGE" 2>/dev/null || true
   sed -i "/$HOSTS_TAG\$/d" /etc/hosts

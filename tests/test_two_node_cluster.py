@@ -144,6 +144,16 @@ def test_losing_node_two_fails_the_cell_naming_it_and_a_relaunch_resumes_to_the_
     _same_steps(read_jsonl(run / "metrics.jsonl"), want)
 
 
+def test_the_dry_run_of_a_two_node_sweep_prints_what_each_cell_asks_for(two_nodes, tmp_path):
+    proc = subprocess.run(LAUNCH + [f"root={tmp_path}", "launcher=slurm", *SPAN[:-1], "dry_run=true",
+                                    "cluster.resources.tiny-m.gpus=2"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith(CELL))
+    assert "2n 2g 1c 2G 30m" in row and " 2 " in row, row  # two nodes of two GPUs for 30 min: 2 GPU-hours
+    assert "nothing submitted" in proc.stdout and not (tmp_path / "smoke" / ".grid").exists()
+
+
 def test_one_node_again_removes_the_namespaces_and_their_names(two_nodes):
     assert "marl-n1" in netns() and "marl-n2" in netns()
     back = cluster("start")

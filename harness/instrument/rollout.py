@@ -47,12 +47,9 @@ def rollout_metrics(episodes: List[Episode], prefix: str = "", selection_pressur
     metrics[f"{prefix}reward/std"] = pstdev(rewards)
     metrics[f"{prefix}episode/turns"] = len(all_turns) / len(episodes)
     qa = [e for e in episodes if "answers" in e.problem.meta]  # open-domain QA: EM is accuracy, F1 beside it
-    if qa:
-        from harness.tasks.qa import token_f1
-
+    if qa:  # the grade's token F1 (Grade.score, what an f1 cell is paid), computed once when it was graded
         metrics[f"{prefix}episode/em"] = mean(1.0 if e.grade is not None and e.grade.correct else 0.0 for e in qa)
-        metrics[f"{prefix}episode/f1"] = mean(token_f1(e.grade.parsed, e.problem.meta["answers"])
-                                              if e.grade is not None and e.grade.parsed else 0.0 for e in qa)
+        metrics[f"{prefix}episode/f1"] = mean(e.grade.score or 0.0 if e.grade is not None else 0.0 for e in qa)
     for name in sorted({n for e in episodes for n in e.stats}):
         metrics[f"{prefix}episode/{name}"] = mean(e.stats[name] for e in episodes if name in e.stats)
     total_tokens = sum(len(t.response_ids) for t in all_turns) or 1

@@ -58,8 +58,9 @@ def workflow_rows(metrics: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
 
 def paper_table(metrics: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
     """UnityMAS-O's results table: rows workflow x sharing, columns scale; each the task's headline
-    validation metric (F1 on QA, the all-passed rate on code) before training (the first
-    validation) and its peak over training, mean over seeds."""
+    validation metric (F1 on QA, the all-passed rate on code) before training (the validation of
+    the untrained policy, `val/updates` 0) and its peak over training, mean over seeds. A run logged
+    before validation came first (its first validation after one update) has no "before": NaN."""
     from analysis.compare import headline
     from harness.tasks import CODE_TASKS
 
@@ -68,12 +69,15 @@ def paper_table(metrics: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
         column, name = headline(str(cell["task"]))
         if column not in metrics:
             continue
-        val = metrics.loc[metrics["cell_id"] == cell["cell_id"], ["step", column]].dropna().sort_values("step")
+        columns = ["step", column] + (["val/updates"] if "val/updates" in metrics else [])
+        val = metrics.loc[metrics["cell_id"] == cell["cell_id"], columns].dropna(subset=[column]).sort_values("step")
         if val.empty:
             continue
+        untrained = val[val["val/updates"] == 0] if "val/updates" in val else val.iloc[:0]
         rows.append({"workflow": cell["topology"], "sharing": cell["sharing"], "scale": cell["scale"],
                      "metric": "all passed" if cell["task"] in CODE_TASKS else name,
-                     "before": val[column].iloc[0], "peak": val[column].max()})
+                     "before": untrained[column].iloc[0] if len(untrained) else float("nan"),
+                     "peak": val[column].max()})
     if not rows:
         return pd.DataFrame()
     frame = pd.DataFrame(rows).groupby(["workflow", "sharing", "metric", "scale"])[["before", "peak"]].mean()

@@ -211,6 +211,11 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                 {"step": step, "best_val": best_val, "waiting_for_paired_run": monitor.waiting_since()}))
         return run_dir.save_checkpoint(step, write, keep=cfg.ckpt_keep, pin=pin)
 
+    def validation(seed_step: int, updates: int) -> dict:
+        """Validation of the policy after `updates` updates, seeded by `seed_step`; `val/updates` says
+        which policy it scored (a scheduled validation runs before its step's update)."""
+        return {**controller.validate(seed_step), "val/updates": float(updates)}
+
     bar = _progress(cfg, start)
     state, reason, step = "finished", stop_reason(late), start - 1
     try:
@@ -218,10 +223,17 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
             if reason:  # a late alert asked to stop before this step
                 state = "stopped_early"
                 break
+            validated = {}
+            if step % cfg.val_every == 0:  # before the step's update: step 0 scores the untrained policy
+                validated = validation(step, updates=step)
+                if validated["val/accuracy"] > best:  # the state just scored is the best: keep it
+                    best = validated["val/accuracy"]
+                    run_dir.save_best(save(step, best))
             result = controller.train_step(step)
-            metrics = {"step": step, **result.metrics}
-            if step % cfg.val_every == 0 or step == cfg.steps - 1:
-                metrics.update(controller.validate(step))
+            metrics = {"step": step, **result.metrics, **validated}
+            final = step == cfg.steps - 1
+            if final:  # the trained policy, after the last update (the step's record carries it)
+                metrics.update(validation(step + 1, updates=step + 1))
             run_dir.append("metrics.jsonl", metrics)
             if cfg.samples_every and (step % cfg.samples_every == 0 or step == cfg.steps - 1):
                 for record in sample_records(step, result.episodes, n=2):
@@ -239,9 +251,9 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                     mitigate(alert.record(), step + 1)
             reason = stop_reason(alerts)
             alerted = any(alert.action != "log" for alert in alerts)  # kept: a branch point (harness.intervene)
-            improved = metrics.get("val/accuracy", -1.0) > best
-            best = max(best, metrics.get("val/accuracy", -1.0))
-            if (step + 1) % cfg.ckpt_every == 0 or step == cfg.steps - 1 or improved or reason or alerted:
+            improved = final and metrics["val/accuracy"] > best
+            best = max(best, metrics["val/accuracy"]) if final else best
+            if (step + 1) % cfg.ckpt_every == 0 or final or reason or alerted:
                 latest = save(step + 1, best, pin=alerted)
                 if improved:
                     run_dir.save_best(latest)

@@ -1,29 +1,34 @@
 """How well the alerts predict real failures, over a sweep, scored as what each alert is.
 
 Each run gets its objective failure labels (analysis/labels.py, computed after the fact from its
-metrics; the detectors never saw them). Alerts are scored under three rules:
+metrics; the detectors never saw them). Alerts are scored under four rules:
 
-- **Early warnings and confirmations apart** (`SCORED`). A warning (amplification; capture's
-  pressure sign; length drift; collapse's training-accuracy warning) is scored on **recall at lead
-  >= `MIN_LEAD`**: the failing cells where it fired at least that many steps before the failure. A
-  confirmation (collapse's validation rule; capture's "moved" sign, which read the labels' own
-  signals) is scored on its **delay** after the label and how often it fires where that failure
-  never came.
+- **Warnings only** (`SCORED`). A warning (amplification; capture's pressure sign; length drift;
+  collapse's training-accuracy warning) is scored on **recall at lead >= `MIN_LEAD`**: the failing
+  cells where it fired at least that many steps before the failure. Collapse's validation rule and
+  capture's "moved" sign apply the labels' own rules: they are **label notifications** (the run has
+  failed, said as soon as the evidence allows), never scored, tabled or quoted as detector evidence.
+- **Before the label**: an alert counts for a failure only when it fired before it (lead >= 0, and
+  >= `MIN_LEAD` to count as caught); one that fired after the failure is late, counted apart.
 - **Matched**: an alert counts for a failure only when it names it: capture and length drift the
   captured role, amplification a policy of the failing cell. An alert about another role of a
   failing cell is neither a catch nor a false alarm.
 - **Bounded**: the monitors raise nothing before the run's first validation after step 0
-  (`monitors.start_step`), so an alert that can only reflect how the cell was set up never counts.
+  (`monitors.start_step`), so an alert that can only reflect how the cell was set up never counts;
+  the config-only baseline fires at that same first step.
 
 A warning's **false-positive rate** is over cells with no failure label at all that it can fire on
 (`watched_by`: a single agent has no multi-instance policy to amplify). Per arm (a cell's settings
-less its seed) the failure rate comes with a 95% Wilson interval; a **mixed** arm is one whose
-failure rate over seeds lies in `MIXED` (0.2-0.8): only there can an alert say something the
-configuration does not. On mixed arms each warning is compared with the **config-only baseline**,
-which fires at step 0 on every cell of an arm whose failure rate on the design seeds exceeds one
-half: a warning is useful where its recall minus false-positive rate beats the baseline's, with a
-95% paired bootstrap interval over the cells. Each mitigated arm is compared with the same
-settings unmitigated (difference of failure rates, Newcombe 95% interval).
+less its seed) the failure rate comes with a 95% Wilson interval. **Design decides, held-out
+scores**: the mixed arms (failure rate over design seeds in `MIXED`, 0.2-0.8: only there can an
+alert say something the configuration does not) and the **config-only baseline** (it fires on every
+cell of an arm whose failure rate on the design seeds exceeds one half) come from the design seeds
+alone. On the mixed arms each warning's recall minus false-positive rate is compared with the
+baseline's on the same held-out cells; its interval is a stratified cluster bootstrap
+(`against_baseline`): failing and healthy cells resampled apart, each by seed (a seed's IP and SP
+cells share one paired single agent), the design seeds resampled too and the baseline refitted on
+each resample, no resample dropped. Each mitigated arm is compared with the same settings
+unmitigated (difference of failure rates, Newcombe 95% interval).
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ import pandas as pd
 import yaml
 
 from analysis.labels import FailureLabel, LabelConfig, label_records
+from analysis.paired import wilson
 from analysis.load import find_runs
 from harness.logging import read_jsonl
 
@@ -52,7 +58,7 @@ class Scored:
     """One scored alert: the (kind, signal) alerts it gathers, the failures it warns of or confirms."""
 
     name: str
-    role: str  # "warning" | "confirmation"
+    role: str  # "warning" | "notification" (a label's own rule said live: never scored)
     alerts: Tuple[Tuple[str, Optional[str]], ...]
     failures: Tuple[str, ...]
 
@@ -63,17 +69,23 @@ SCORED: Dict[str, Scored] = {s.name: s for s in (
     Scored("capture warning", "warning", (("capture", "pressure"),), ("capture",)),
     Scored("length_drift", "warning", (("length_drift", "pressure"), ("length_drift", "band")), ("capture",)),
     Scored("collapse warning", "warning", (("collapse", TREND),), ("collapse",)),
-    Scored("collapse", "confirmation", (("collapse", "validation"),), ("collapse",)),
-    Scored("capture", "confirmation", (("capture", "moved"),), ("capture",)),
+    Scored("collapse", "notification", (("collapse", "validation"),), ("collapse",)),
+    Scored("capture", "notification", (("capture", "moved"),), ("capture",)),
 )}
 # the config-only baseline, scored like a warning of any failure (config_baseline sets its alerts)
 CONFIG_ONLY = Scored("config-only", "warning", (), ("collapse", "capture", "contract"))
 WARNINGS = [n for n, s in SCORED.items() if s.role == "warning"]
-CONFIRMATIONS = [n for n, s in SCORED.items() if s.role == "confirmation"]
+NOTIFICATIONS = [n for n, s in SCORED.items() if s.role == "notification"]
+NOTIFICATION_NOTE = ("Label notifications are not detector evidence: collapse's validation rule is the collapse "
+                     "label's own rule (harness/monitors/detectors.py significantly_below, analysis/labels.py), so it "
+                     "fires on every labelled collapse, at its second validation below the bar, and on nothing else; "
+                     "capture's 'moved' sign is a looser copy of the capture label. They say that a run has failed, as "
+                     "soon as the evidence allows, so that action=stop can end it; they are not scored here.")
 # the failures each scored alert answers for (kept for callers that read the old name)
 TARGETS: Dict[str, Tuple[str, ...]] = {name: s.failures for name, s in SCORED.items()}
 FAILURE_KINDS = ("collapse", "capture", "contract")
 MIN_LEAD = 10  # steps: a warning must come at least this long before the failure to count
+CALIBRATION_WITHIN = 50  # steps: "N of M cells warned this way failed 10-50 steps later"
 MIXED = (0.2, 0.8)  # an arm's failure rate over seeds between these: the config does not decide it
 # which detector each scored alert's replay needs (its MonitorConfig field)
 DETECTOR_OF = {"amplification": "amplification", "capture warning": "capture", "capture": "capture",
@@ -112,6 +124,7 @@ class RunOutcome:
     policies: Set[str] = field(default_factory=set)
     start: int = 0  # the monitors' first step
     val_every: int = 10
+    seed: Optional[int] = None  # the cell's seed: a cluster of the bootstrap, and the held-out check
 
     def failure(self, kinds: Tuple[str, ...]) -> Optional[FailureLabel]:
         found = [label for label in self.labels if label.kind in kinds]
@@ -244,23 +257,14 @@ def outcomes(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False
         paired = context.monitors.reference_run is not None
         results.append(RunOutcome(run, cell.get("cell_id") or run.name, arm_of(cell), labels, first,
                                   watched_by(records, paired, context.role_contracts) | set(first), alerts,
-                                  policies, context.start, context.val_every))
+                                  policies, context.start, context.val_every,
+                                  int(cell["seed"]) if cell.get("seed") is not None else None))
     return results
 
 
 def interval(low: float, high: float) -> str:
     """A 95% interval as the tables print it; "–" where it is undefined (no cell to count)."""
     return "–" if math.isnan(low) or math.isnan(high) else f"[{low:.2f}, {high:.2f}]"
-
-
-def wilson(k: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
-    """95% Wilson score interval of a proportion k/n (sound at 0 and n, unlike the normal one)."""
-    if n == 0:
-        return float("nan"), float("nan")
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 # the aim for an early warning: recall >= 0.8 at a lead >= MIN_LEAD steps, false positives <= 0.1
@@ -322,11 +326,8 @@ def definition(name: str) -> Scored:
 def caught(r: RunOutcome, name: str) -> Optional[int]:
     """The lead of warning `name` on the failure it warns of in this cell (None: no such failure, or
     not warned at least MIN_LEAD steps before it)."""
-    step = r.failure_step(definition(name).failures)
-    alert = r.first_alert.get(name)
-    if step is None or alert is None or step - alert < MIN_LEAD:
-        return None
-    return step - alert
+    ahead = lead(r, name)
+    return ahead if ahead is not None and ahead >= MIN_LEAD else None
 
 
 def fired_falsely(r: RunOutcome, name: str) -> bool:
@@ -341,13 +342,15 @@ def detector_scores(results: List[RunOutcome], names: Sequence[str] = tuple(WARN
     for name in names:
         targets = definition(name).failures
         failing = [r for r in results if r.failure_step(targets) is not None]
-        leads = [lead for lead in (caught(r, name) for r in failing) if lead is not None]
+        leads = [ahead for ahead in (caught(r, name) for r in failing) if ahead is not None]
+        late = sum(1 for r in failing if (lead(r, name) or 0) < 0)
         watching = [r for r in healthy if name in r.watched]
         false = sum(fired_falsely(r, name) for r in watching)
         rows.append({"detector": name, "warns of": ", ".join(targets), "failing cells": len(failing),
                      "caught in time": len(leads), "recall": len(leads) / len(failing) if failing else float("nan"),
                      "recall 95% CI": interval(*wilson(len(leads), len(failing))),
                      "median lead (steps)": median(leads) if leads else float("nan"),
+                     "fired after the failure (late)": late,
                      "healthy cells": len(watching), "fired on healthy": false,
                      "false-positive rate": false / len(watching) if watching else float("nan"),
                      "false-positive 95% CI": interval(*wilson(false, len(watching))),
@@ -356,27 +359,17 @@ def detector_scores(results: List[RunOutcome], names: Sequence[str] = tuple(WARN
     return pd.DataFrame(rows)
 
 
-def confirmation_scores(results: List[RunOutcome]) -> pd.DataFrame:
-    """Each confirmation: on the cells with the failure it confirms, how often and how long after the
-    label it fired (in steps and in validations); on cells without that failure that it watches, how
-    often it fired anyway."""
-    rows = []
-    for name in CONFIRMATIONS:
-        targets = SCORED[name].failures
-        failing = [r for r in results if r.failure_step(targets) is not None]
-        delays = [r.first_alert[name] - r.failure_step(targets) for r in failing if name in r.first_alert]
-        validations = [(r.first_alert[name] - r.failure_step(targets)) / max(r.val_every, 1)
-                       for r in failing if name in r.first_alert]
-        others = [r for r in results if r.failure_step(targets) is None and name in r.watched]
-        false = sum(name in r.first_alert for r in others)
-        rows.append({"confirmation": name, "confirms": ", ".join(targets), "failing cells": len(failing),
-                     "confirmed": len(delays), "median delay (steps)": median(delays) if delays else float("nan"),
-                     "median delay (validations)": median(validations) if validations else float("nan"),
-                     "before the label": sum(d < 0 for d in delays),
-                     "cells without it": len(others), "fired anyway": false,
-                     "false-positive rate": false / len(others) if others else float("nan"),
-                     "false-positive 95% CI": interval(*wilson(false, len(others)))})
-    return pd.DataFrame(rows)
+def lead(r: RunOutcome, name: str) -> Optional[int]:
+    """Steps from the first (matched) alert `name` to the failure it warns of (negative: the alert came
+    after the failure, late); None where the cell has no such failure or the alert never fired."""
+    step, alert = r.failure_step(definition(name).failures), r.first_alert.get(name)
+    return None if step is None or alert is None else step - alert
+
+
+def notification_delays(results: List[RunOutcome]) -> Dict[str, List[int]]:
+    """Per label notification, its delay after the label on each failing cell it notified: when the
+    evidence allowed saying that the run had failed (a fact about the rule, not a score)."""
+    return {name: [-d for d in (lead(r, name) for r in results) if d is not None] for name in NOTIFICATIONS}
 
 
 def arm_rates(results: List[RunOutcome]) -> Dict[str, float]:
@@ -395,16 +388,23 @@ def mixed_arms(results: List[RunOutcome]) -> List[str]:
 
 
 def config_baseline(results: List[RunOutcome], design: List[RunOutcome]) -> Tuple[List[RunOutcome], Set[str]]:
-    """The config-only baseline as a scored alert: it fires at step 0 on every cell of an arm whose
-    failure rate on the design seeds exceeds one half (an arm the design seeds never ran: silent).
-    Returns the cells with its first alert set (name "config-only") and the arms it fires on."""
+    """The config-only baseline as a scored alert: it fires at the monitors' first step (where the
+    detectors may first fire too) on every cell of an arm whose failure rate on the design seeds
+    exceeds one half (an arm the design seeds never ran: silent). Returns the cells with its first
+    alert set (name "config-only") and the arms it fires on."""
+    firing = firing_arms(design)
+    return with_baseline(results, firing), firing
+
+
+def firing_arms(design: List[RunOutcome]) -> Set[str]:
+    return {arm for arm, rate in arm_rates(design).items() if rate > 0.5}
+
+
+def with_baseline(results: List[RunOutcome], firing: Set[str]) -> List[RunOutcome]:
     from dataclasses import replace
 
-    rates = arm_rates(design)
-    firing = {arm for arm, rate in rates.items() if rate > 0.5}
-    scored = [replace(r, first_alert={CONFIG_ONLY.name: 0} if r.arm in firing else {},
-                      watched=r.watched | {CONFIG_ONLY.name}) for r in results]
-    return scored, firing
+    return [replace(r, first_alert={CONFIG_ONLY.name: r.start} if r.arm in firing else {},
+                    watched=r.watched | {CONFIG_ONLY.name}) for r in results]
 
 
 def _youden(cells: List[RunOutcome], name: str, failures: Tuple[str, ...]) -> Tuple[float, int, int]:
@@ -414,65 +414,85 @@ def _youden(cells: List[RunOutcome], name: str, failures: Tuple[str, ...]) -> Tu
     healthy = [r for r in cells if not r.labels]
     if not failing or not healthy:
         return float("nan"), len(failing), len(healthy)
-    hits = 0
-    for r in failing:
-        step, alert = r.failure_step(failures), r.first_alert.get(name)
-        hits += alert is not None and step - alert >= MIN_LEAD
+    hits = sum(caught(r, name) is not None for r in failing)
     return hits / len(failing) - sum(name in r.first_alert for r in healthy) / len(healthy), len(failing), len(healthy)
 
 
-def against_baseline(results: List[RunOutcome], baseline: List[RunOutcome], names: Sequence[str] = tuple(WARNINGS),
+def _by_seed(cells: List[RunOutcome]) -> Dict[object, List[RunOutcome]]:
+    clusters: Dict[object, List[RunOutcome]] = {}
+    for r in cells:
+        clusters.setdefault(r.seed if r.seed is not None else r.cell_id, []).append(r)
+    return clusters
+
+
+def _cluster_sample(clusters: Dict[object, List[RunOutcome]], rng: random.Random) -> List[RunOutcome]:
+    keys = sorted(clusters, key=str)
+    return [r for _ in keys for r in clusters[keys[rng.randrange(len(keys))]]]
+
+
+BOOTSTRAP_NOTE = ("95% interval and two-sided p from a stratified cluster bootstrap (2,000 resamples): the failing "
+                  "and the healthy held-out cells are resampled apart (so neither count is ever zero and no resample "
+                  "is dropped), each by seed (a seed's cells share one paired single agent), and the design seeds "
+                  "are resampled by seed too, the config-only baseline refitted on each.")
+
+
+def against_baseline(results: List[RunOutcome], design: List[RunOutcome], names: Sequence[str] = tuple(WARNINGS),
                      resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Per warning, on the same cells: its recall-minus-false-positive-rate (Youden's J, at lead >=
-    MIN_LEAD) against the config-only baseline's, and the difference with a 95% paired bootstrap
-    interval over cells. Useful where the interval lies above 0."""
+    """Per warning, on the same held-out cells: its recall-minus-false-positive-rate (Youden's J, at
+    lead >= MIN_LEAD) against the config-only baseline's (fitted on `design`), and the difference with
+    the interval and p-value of BOOTSTRAP_NOTE. Useful where the interval lies above 0."""
     rows = []
     rng = random.Random(seed)
-    by_id = {r.cell_id: r for r in baseline}
+    firing = firing_arms(design)
+    design_clusters = _by_seed(design)
     for name in names:
         failures = SCORED[name].failures
         cells = [r for r in results if name in r.watched or r.failure_step(failures) is not None]
-        pairs = [(r, by_id[r.cell_id]) for r in cells if r.cell_id in by_id]
-        own, n_fail, n_healthy = _youden([a for a, _ in pairs], name, failures)
-        base, _, _ = _youden([b for _, b in pairs], CONFIG_ONLY.name, failures)
-        diffs = []
-        for _ in range(resamples if not math.isnan(own) else 0):
-            sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-            a, _, _ = _youden([x for x, _ in sample], name, failures)
-            b, _, _ = _youden([y for _, y in sample], CONFIG_ONLY.name, failures)
-            if not (math.isnan(a) or math.isnan(b)):
+        failing = [r for r in cells if r.failure_step(failures) is not None]
+        healthy = [r for r in cells if not r.labels]
+        own, n_fail, n_healthy = _youden(cells, name, failures)
+        base, _, _ = _youden(with_baseline(cells, firing), CONFIG_ONLY.name, failures)
+        diffs: List[float] = []
+        if failing and healthy:
+            strata = (_by_seed(failing), _by_seed(healthy))
+            for _ in range(resamples):
+                sample = _cluster_sample(strata[0], rng) + _cluster_sample(strata[1], rng)
+                refit = firing_arms(_cluster_sample(design_clusters, rng)) if design_clusters else firing
+                a, _, _ = _youden(sample, name, failures)
+                b, _, _ = _youden(with_baseline(sample, refit), CONFIG_ONLY.name, failures)
                 diffs.append(a - b)
         diffs.sort()
         low, high = (diffs[int(0.025 * len(diffs))], diffs[int(0.975 * len(diffs)) - 1]) if diffs else (math.nan, math.nan)
-        verdict = ("not measurable" if math.isnan(own) or math.isnan(base) else
-                   "beats the config-only baseline" if low > 0 else
-                   "worse than the config-only baseline" if high < 0 else
-                   "not shown better than the config-only baseline")
+        p = (min(1.0, 2 * min(sum(d <= 0 for d in diffs), sum(d >= 0 for d in diffs)) / len(diffs))
+             if diffs else math.nan)
+        verdict = ("not measurable" if not diffs else
+                   f"beats the config-only baseline (p = {p:.3f})" if low > 0 else
+                   f"worse than the config-only baseline (p = {p:.3f})" if high < 0 else
+                   f"not shown better than the config-only baseline (p = {p:.3f})")
         rows.append({"detector": name, "failing cells": n_fail, "healthy cells": n_healthy,
                      "J (recall - FPR)": own, "config-only J": base, "difference": own - base,
-                     "95% CI (bootstrap)": f"[{low:+.2f}, {high:+.2f}]" if diffs else "–", "verdict": verdict})
+                     "95% CI (bootstrap)": f"[{low:+.2f}, {high:+.2f}]" if diffs else "–",
+                     "p": p, "verdict": verdict})
     return pd.DataFrame(rows)
 
 
 def calibration_rows(results: List[RunOutcome], within: int) -> List[dict]:
-    """Per (kind, signal) of every scored alert: of the cells where it fired, how many had the failure
-    it answers for (naming the same role or policy) by `within` steps after its first firing."""
+    """Per early warning (its (kind, signal) alerts): of the cells where it fired before any failure it
+    warns of (or on a cell without one), how many failed that way `MIN_LEAD`-`within` steps later, how
+    many sooner, and on how many more cells it fired only after the failure (late: not a prediction).
+    Label notifications get no row: they are not predictions."""
     rows = []
-    for name, scored in SCORED.items():
-        for kind, signal in scored.alerts:
-            fired = failed = 0
-            for r in results:
-                mine = [a for a in r.alerts if (a.get("kind"), a.get("signal")) == (kind, signal)]
-                if not mine:
-                    continue
-                fired += 1
-                first = min(a["step"] for a in mine)
-                labels = [l for l in r.labels if l.kind in scored.failures and l.step <= first + within
-                          and any(matches(a, l, r.policies) for a in mine)]
-                failed += bool(labels)
-            if fired:
-                rows.append({"kind": kind, "signal": signal, "failure": ", ".join(scored.failures),
-                             "failed": failed, "fired": fired})
+    for name in WARNINGS:
+        scored = SCORED[name]
+        leads = [lead(r, name) for r in results if name in r.first_alert]
+        late = sum(1 for d in leads if d is not None and d < 0)
+        warned = [d for d in leads if d is None or d >= 0]
+        if not leads:
+            continue
+        rows.append({"name": name, "alerts": [list(a) for a in scored.alerts], "failure": ", ".join(scored.failures),
+                     "warned": len(warned), "in_time": sum(d is not None and MIN_LEAD <= d <= within for d in warned),
+                     "soon": sum(d is not None and d < MIN_LEAD for d in warned), "late": late,
+                     "min_lead": MIN_LEAD})
     return rows
 
 

@@ -5,35 +5,37 @@
 instead of the alerts the runs wrote (for a sweep run before the detectors changed).
 --steps N scores only each run's first N steps (labels and alerts), as if the sweep had stopped
 there. The report goes to <sweep>/report/detectors-N.* then.
---design <sweep dir>: the design seeds' sweep. It gives the config-only baseline (fire on every
-cell of a setting that failed on more than half of its design seeds) each early warning is compared
-with on the mixed settings, and (with --thresholds) chooses each warning's threshold setting to be
-scored here, held out.
+--design <sweep dir>: the design seeds' sweep. It alone chooses which settings are mixed and fits
+the config-only baseline (fire on every cell of a setting that failed on more than half of its
+design seeds) each early warning is compared with, and (with --thresholds) each warning's threshold
+setting to be scored here. The scored sweep is then held out: no (setting, seed) of the design
+sweep, and no seed any study file used to decide something (analysis/studies.py), may be in it.
 --thresholds adds each early warning's operating curve: its figures at a grid of threshold
 settings, replayed on the logged metrics (analysis/operating_curve.py).
---calibrate writes what each alert kind was shown to predict on this (held-out) sweep to
+--calibrate writes what each early warning was shown to predict on this held-out sweep to
 harness/monitors/calibration.json (or the file given), which every alert then quotes.
 
-Scoring (analysis/detector_validation.py): early warnings by recall at a lead of >= 10 steps and
-false positives, confirmations by their delay; an alert counts only for the failure it names, from
-the run's first validation on. The settings that matter are the mixed ones, where the same config
-fails on some seeds and survives on others: there the report compares each warning with the
-config-only baseline. Failures are the objective labels of analysis/labels.py. Written to
+Scoring (analysis/detector_validation.py): early warnings only, by recall at a lead of >= 10 steps
+and false positives; an alert counts only for the failure it names, only when it came before it,
+from the run's first validation on; label notifications (the labels' own rules said live) are not
+scored. Failures are the objective labels of analysis/labels.py. Written to
 <sweep>/report/detectors.html (self-contained) and detectors.md (+ PNGs).
 """
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
+from statistics import median
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from analysis.detector_validation import (BAR, CONFIG_ONLY, MIN_LEAD, MIXED, WARNINGS, RunOutcome, against_baseline,
-                                          arm_failure_rates, calibration_rows, cell_table, confirmation_scores,
-                                          config_baseline, detector_scores, failure_coverage, mitigation_effects,
-                                          mixed_arms, outcomes, scored_name, seeds_of)
+from analysis.detector_validation import (BAR, BOOTSTRAP_NOTE, CALIBRATION_WITHIN, CONFIG_ONLY, MIN_LEAD, MIXED, NOTIFICATION_NOTE,
+                                          WARNINGS, RunOutcome, against_baseline, arm_failure_rates, calibration_rows,
+                                          cell_table, config_baseline, detector_scores, failure_coverage,
+                                          mitigation_effects, mixed_arms, notification_delays, outcomes, scored_name,
+                                          seeds_of)
 from analysis.labels import LabelConfig
 from analysis.load import load_alerts, load_metrics
+from analysis.studies import seed_ranges
 from analysis.operating_curve import GRID, held_out, load_cells, shown, summary_line
 from analysis.operating_curve import curve as operating_curve
 from analysis.plots import failure_curve
@@ -42,7 +44,8 @@ from harness.monitors.calibration import CALIBRATION_FILE, write_calibration
 from reports.render import esc, image, md_table, page, table, write
 
 MAX_CURVES = 4
-CALIBRATION_WITHIN = 50  # steps: "N of M cells with this alert failed within K steps of it"
+
+
 COVERAGE_NOTE = (f"Per failure kind: the failing cells where some early warning (whatever failure it targets) "
                  f"fired at least {MIN_LEAD} steps before the failure, the median lead of the earliest such warning, "
                  f"and which warning that was. Contract failures (a role's format broke, its length going anywhere) "
@@ -50,12 +53,24 @@ COVERAGE_NOTE = (f"Per failure kind: the failing cells where some early warning 
 SCORING_NOTE = (f"recall: failing cells (with a failure the warning targets) where it fired, naming the failing role "
                 f"or a policy of the cell, at least {MIN_LEAD} steps before the failure; lead: steps from that alert "
                 f"to the failure; false-positive rate: cells without any failure label that it can fire on where it "
-                f"fired (cells where it cannot are counted apart as silent by construction). Alerts count from the "
-                f"run's first validation after step 0 on.")
+                f"fired (cells where it cannot are counted apart as silent by construction); late: failing cells "
+                f"where it fired only after the failure (never a catch). Alerts count from the run's first "
+                f"validation after step 0 on.")
 
 
 class NotHeldOut(Exception):
-    """The design sweep shares runs with the sweep it is to be scored on."""
+    """A cell to be scored as held out shares its setting and seed with a design cell, or its seed
+    chose something in a study (analysis/studies.py)."""
+
+
+def held_out_check(results: List[RunOutcome], design: List[RunOutcome]) -> None:
+    """By seed value and setting, wherever the runs live: a (setting, seed) the design sweep ran cannot
+    be scored as held out (the same seeds in another folder are the same draws)."""
+    shared = sorted({(r.arm, r.seed) for r in results} & {(r.arm, r.seed) for r in design}, key=str)
+    if shared:
+        arm, seed = shared[0]
+        raise NotHeldOut(f"the design sweep ran {len(shared)} of the scored (setting, seed) pairs too (e.g. {arm}, "
+                         f"seed {seed}): figures chosen on them would not be held out")
 
 
 def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay: bool = False,
@@ -71,44 +86,52 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
     if design is not None and not design_results:
         raise FileNotFoundError(f"the design sweep {design} holds no run directories (with cell.yaml)")
     if design_results:
-        shared = {r.run_dir.resolve() for r in results} & {r.run_dir.resolve() for r in design_results}
-        if shared:
-            raise NotHeldOut(f"the design sweep {design} shares {len(shared)} run(s) with {sweep} (e.g. "
-                             f"{sorted(shared)[0].name}): figures chosen on them would not be held out")
+        held_out_check(results, design_results)
+    if design_results is not None or calibrate is not None:  # scored as held out: no seed that chose anything
+        from analysis.studies import refuse_decision_seeds
+
+        try:
+            refuse_decision_seeds({r.seed for r in results if r.seed is not None and not r.arm.startswith("single")})
+        except ValueError as exc:
+            raise NotHeldOut(str(exc)) from None
     out = sweep / "report"
     name = "detectors" if until is None else f"detectors-{until}"
-    mixed = mixed_arms(results)
-    on_mixed = [r for r in results if r.arm in mixed]
     sections: List[Tuple[str, str, object]] = []  # (heading, note, frame or text)
     aim = (f"The aim for an early warning: recall >= {BAR['recall']:g} at a lead of >= {MIN_LEAD} steps with a "
            f"false-positive rate <= {BAR['false-positive rate']:g}, and above the config-only baseline; figures with "
            f"95% Wilson intervals, over >= 5 seeds per setting (here {seeds_of(results)}).")
-    if mixed:
-        note = (f"{len(mixed)} mixed setting(s) (failure rate over seeds in [{MIXED[0]:g}, {MIXED[1]:g}]): "
-                f"{'; '.join(mixed)}. {len(on_mixed)} cells. " + SCORING_NOTE)
-        sections.append(("Early warnings on the mixed settings", note, detector_scores(on_mixed)))
-        if design_results is not None:
+    mixed: List[str] = []
+    if design_results is not None:
+        mixed = [arm for arm in mixed_arms(design_results) if any(r.arm == arm for r in results)]
+        on_mixed = [r for r in results if r.arm in mixed]
+        if mixed:
+            note = (f"{len(mixed)} mixed setting(s), chosen on the design seeds ({design}: failure rate over its seeds "
+                    f"in [{MIXED[0]:g}, {MIXED[1]:g}]): {'; '.join(mixed)}. {len(on_mixed)} held-out cells. "
+                    + SCORING_NOTE)
+            sections.append(("Early warnings on the mixed settings", note, detector_scores(on_mixed)))
             baseline, firing = config_baseline(on_mixed, design_results)
-            base_note = ("The config-only baseline fires at step 0 on every cell of a setting that failed on more than "
-                         f"half of its design seeds ({design}); here it fires on: {'; '.join(sorted(firing & set(mixed))) or 'none'}. "
-                         "J = recall at lead >= 10 minus false-positive rate, on the same cells; the difference's 95% "
-                         "interval is a paired bootstrap over cells.")
+            base_note = ("The config-only baseline fires at the monitors' first step (where a detector may first fire) "
+                         "on every cell of a setting that failed on more than half of its design seeds; here it fires "
+                         f"on: {'; '.join(sorted(firing & set(mixed))) or 'none'}. J = recall at lead >= {MIN_LEAD} "
+                         "minus false-positive rate, on the same cells. " + BOOTSTRAP_NOTE)
             sections.append(("Against the config-only baseline (mixed settings)", base_note,
-                             against_baseline(on_mixed, baseline)))
+                             against_baseline(on_mixed, design_results)))
             sections.append(("The config-only baseline's own figures (mixed settings)", "",
                              detector_scores(baseline, [CONFIG_ONLY.name])))
         else:
-            sections.append(("Against the config-only baseline", "Needs the design seeds' sweep: --design <sweep dir>.",
-                             None))
+            sections.append(("Early warnings on the mixed settings",
+                             f"No setting the design seeds ran is mixed (failure rate over seeds in [{MIXED[0]:g}, "
+                             f"{MIXED[1]:g}]) and held out here: the configuration alone tells which cells fail.", None))
     else:
         sections.append(("Early warnings on the mixed settings",
-                         f"No setting of this sweep is mixed (failure rate over seeds in [{MIXED[0]:g}, {MIXED[1]:g}]): "
-                         "here the configuration alone tells which cells fail, and no alert can add to it.", None))
+                         "Which settings are mixed, and the config-only baseline, are chosen on design seeds: give "
+                         "them with --design <sweep dir>.", None))
     sections.append(("Early warnings on every cell", "Includes the settings whose configuration decides the outcome. "
                      + SCORING_NOTE, detector_scores(results)))
-    sections.append(("Confirmations", "A confirmation says that a failure is under way (it reads the failure label's "
-                     "own signals): how many failing cells it confirmed, its delay after the label, and how often it "
-                     "fired on cells without that failure.", confirmation_scores(results)))
+    delays = notification_delays(results)
+    said = "; ".join(f"{name}: {len(d)} failing cells, median {median(d):g} steps after the label" if d else
+                     f"{name}: none" for name, d in delays.items())
+    sections.append(("Label notifications (not scored)", f"{NOTIFICATION_NOTE} When they were said here: {said}.", None))
     sections.append(("Which failures any early warning came before", COVERAGE_NOTE, failure_coverage(results)))
     sections.append(("Failure rate per setting (95% Wilson interval)", "", arm_failure_rates(results)))
     effects = mitigation_effects(results)
@@ -131,8 +154,8 @@ def build_detector_report(sweep: Path, cfg: LabelConfig = LabelConfig(), replay:
                     "failure (see the labels' settings below).")
     if calibrate is not None:
         rows = calibration_rows(results, CALIBRATION_WITHIN)
-        seeds = sorted({int(m.group(1)) for r in results if (m := re.search(r"-s(\d+)(?:-|$)", r.cell_id))})
-        source = f"the held-out sweep {sweep.name} (seeds {', '.join(map(str, seeds))})"
+        seeds = sorted({r.seed for r in results if r.seed is not None})
+        source = f"{sweep.name}, seeds {seed_ranges(seeds)}"
         write_calibration(calibrate, rows, CALIBRATION_WITHIN, source,
                           f"python -m reports.detectors {sweep} {'--replay ' if replay else ''}--calibrate")
         summary += f" Calibration written to {calibrate}."

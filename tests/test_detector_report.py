@@ -9,9 +9,9 @@ import sys
 import pandas as pd
 import pytest
 
-from analysis.detector_validation import (against_baseline, arm_failure_rates, config_baseline, confirmation_scores,
-                                          detector_scores, failure_coverage, meets_bar, mitigation_effects,
-                                          mixed_arms, newcombe, outcomes, replay_setup, watched_by, wilson)
+from analysis.detector_validation import (against_baseline, arm_failure_rates, config_baseline, detector_scores,
+                                          failure_coverage, meets_bar, mitigation_effects, mixed_arms, newcombe,
+                                          notification_delays, outcomes, replay_setup, watched_by, wilson)
 from analysis.labels import capture_labels, contract_labels
 from analysis.operating_curve import _dominates, choose, curve, default_setting, first_alert, held_out, load_cells, shown, summary_line
 from harness.logging import read_jsonl
@@ -99,12 +99,9 @@ def test_scores_are_what_the_constructed_sweep_holds(sweep):
     assert (drift["healthy cells"], drift["fired on healthy"], drift["false-positive rate"]) == (2, 1, 0.5)
     assert drift["false-positive 95% CI"] == "[0.09, 0.91]"  # 1 of 2: the rate says little on its own
     assert scores.loc["collapse warning", "recall"] == 0.0
-    confirmations = confirmation_scores(results).set_index("confirmation")
-    collapse = confirmations.loc["collapse"]
-    assert (collapse["failing cells"], collapse["confirmed"], collapse["median delay (steps)"]) == (2, 1, 10)
-    assert collapse["median delay (validations)"] == 1.0 and collapse["fired anyway"] == 0
-    moved = confirmations.loc["capture"]
-    assert (moved["confirmed"], moved["median delay (steps)"]) == (1, 90 - capture_step)
+    # label notifications are not scored: only their delay after the label is said
+    assert "collapse" not in scores.index and "capture" not in scores.index
+    assert notification_delays(results) == {"collapse": [10], "capture": [90 - capture_step]}
     coverage = failure_coverage(results).set_index("failure")
     # collapse: amplification warned of seed 0's (lead 18), nothing of seed 1's
     assert coverage.loc["collapse", ["failing cells", "warned in time", "median lead (steps)"]].tolist() == [2, 1, 18]
@@ -157,17 +154,20 @@ def test_the_config_only_baseline_fires_on_settings_that_failed_on_most_design_s
              _with_validations(_stream(120, **STEADY), collapse if fails else [0.5] * 12), alerts)
         _run(test, f"single-arith-tiny-m-s{seed}", "single", "sp", seed,
              _with_validations(_stream(120, **STEADY), [0.5] * 12), [])
-    results = outcomes(test)
-    assert mixed_arms(results) == ["voting-ip (arith, tiny-m)"]
-    on_mixed = [r for r in results if r.arm in mixed_arms(results)]
-    baseline, firing = config_baseline(on_mixed, outcomes(design))
+    results, design_results = outcomes(test), outcomes(design)
+    # the design seeds choose the mixed settings: 3 of 4 failed there, which is mixed
+    assert mixed_arms(design_results) == ["voting-ip (arith, tiny-m)"]
+    on_mixed = [r for r in results if r.arm in mixed_arms(design_results)]
+    baseline, firing = config_baseline(on_mixed, design_results)
     assert firing == {"voting-ip (arith, tiny-m)"}
+    assert {r.first_alert["config-only"] for r in baseline} == {10}  # from the monitors' first step, as detectors
     base = detector_scores(baseline, ["config-only"]).set_index("detector").loc["config-only"]
     assert (base["recall"], base["false-positive rate"]) == (1.0, 1.0)
-    versus = against_baseline(on_mixed, baseline).set_index("detector")
+    versus = against_baseline(on_mixed, design_results).set_index("detector")
     assert versus.loc["amplification", "J (recall - FPR)"] == 1.0 and versus.loc["amplification", "config-only J"] == 0.0
-    assert versus.loc["amplification", "verdict"] == "beats the config-only baseline"
-    assert versus.loc["collapse warning", "verdict"] != "beats the config-only baseline"
+    assert versus.loc["amplification", "verdict"].startswith("beats the config-only baseline (p = ")
+    assert versus.loc["amplification", "p"] < 0.05
+    assert not versus.loc["collapse warning", "verdict"].startswith("beats")
     assert versus.loc["collapse warning", "J (recall - FPR)"] == 0.0
 
 
@@ -218,8 +218,8 @@ def test_report_is_written_and_renders_in_chromium(sweep, tmp_path):
     html = root / "report" / "detectors.html"
     md = (root / "report" / "detectors.md").read_text()
     assert "| amplification " in md and "[0.34, 1.00]" in md
-    assert "## Early warnings on the mixed settings" in md and "voting-sp (arith, tiny-m)" in md
-    assert "Needs the design seeds' sweep" in md and "## Confirmations" in md
+    assert "## Early warnings on the mixed settings" in md and "give them with --design" in md
+    assert "## Label notifications (not scored)" in md and "## Confirmations" not in md
     assert len(list((root / "report").glob("failure_*.png"))) == 3
     seen = open_in_chromium(html.as_uri(), tmp_path / "detectors.png")
     assert not seen["errors"] and not seen["dialogs"] and len(seen["images"]) == 3 and all(seen["images"])
@@ -292,15 +292,17 @@ def test_mitigated_arms_are_compared_with_the_same_arm_without(tmp_path):
     assert row["without mitigation"] == "5/5" and row["difference"] == -0.8 and row["verdict"] == "lower"
 
 
-def _drift_sweep(root, captured_from=50):
+def _drift_sweep(root, captured_from=50, seed=0):
     """A captured SP cell (its aggregator lengthens from `captured_from` on), a healthy SP cell and a
     single agent: what length drift's operating curve is read on."""
     flat = [0.5] * 12
     shifted = dict(lengths=lambda s: 1.0 if s < captured_from else min(6.0, 1.0 + (s - captured_from) * 0.1),
                    formats=lambda s: 1.0 if s < captured_from else 0.2)
-    _run(root, "voting-sp-arith-tiny-m-s0", "voting", "sp", 0, _with_validations(_stream(120, **shifted), flat), [])
-    _run(root, "voting-sp-arith-tiny-m-s1", "voting", "sp", 1, _with_validations(_stream(120, **STEADY), flat), [])
-    _run(root, "single-arith-tiny-m-s0", "single", "sp", 0, _with_validations(_stream(120, **STEADY), flat), [])
+    _run(root, f"voting-sp-arith-tiny-m-s{seed}", "voting", "sp", seed,
+         _with_validations(_stream(120, **shifted), flat), [])
+    _run(root, f"voting-sp-arith-tiny-m-s{seed + 1}", "voting", "sp", seed + 1,
+         _with_validations(_stream(120, **STEADY), flat), [])
+    _run(root, f"single-arith-tiny-m-s{seed}", "single", "sp", seed, _with_validations(_stream(120, **STEADY), flat), [])
     return root
 
 
@@ -331,8 +333,8 @@ def test_a_setting_chosen_on_a_design_sweep_is_scored_on_the_held_out_one(tmp_pa
     """The choice is made on the design cells only: a looser length-drift band, chosen there, catches
     the held-out sweep's capture (its aggregator lengthening from step 40) well ahead; the defaults
     see it too late (recall 0)."""
-    design = _drift_sweep(tmp_path / "design")
-    test = _drift_sweep(tmp_path / "test", captured_from=40)
+    design = _drift_sweep(tmp_path / "design", seed=9000)
+    test = _drift_sweep(tmp_path / "test", captured_from=40, seed=9100)  # seeds no study has used
     chosen = held_out(["length_drift"], load_cells(outcomes(design)), load_cells(outcomes(test))).iloc[0]
     assert "z_threshold=1.5" in chosen["chosen on the design sweep"]
     assert chosen["design"].startswith("1.00 / 21") and chosen["held out"].startswith("1.00 / ")
@@ -356,6 +358,17 @@ def test_a_setting_chosen_on_a_design_sweep_is_scored_on_the_held_out_one(tmp_pa
     same = subprocess.run([sys.executable, "-m", "reports.detectors", str(test), f"--design={test}"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert same.returncode == 2 and "would not be held out" in same.stderr  # a design sweep must be another one
+    # held out by seed and setting, not by path: the same seeds in another folder are the same draws
+    copy = _drift_sweep(tmp_path / "elsewhere", captured_from=40, seed=9100)
+    moved = subprocess.run([sys.executable, "-m", "reports.detectors", str(test), f"--design={copy}"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert moved.returncode == 2 and "seed 9100" in moved.stderr and "would not be held out" in moved.stderr
+    # a seed a study used to decide something (the design seeds of studies/) is never scored as held out
+    spent = _drift_sweep(tmp_path / "spent", captured_from=40, seed=100)
+    refused = subprocess.run([sys.executable, "-m", "reports.detectors", str(spent), f"--design={design}"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "seed 100 cannot be scored as held out" in refused.stderr
+    assert not (spent / "report").exists()
 
 
 def test_choosing_ranks_the_bar_first_then_recall_lead_and_fewer_false_positives():

@@ -3,7 +3,8 @@
     action=launch   expand the sweep, validate every cell, submit what is not done (idempotent)
     action=status   print each cell's state, step, failure reason and log path
     action=intervene  branch every ended multi-agent cell at its first alert into arms (harness.intervene;
-                    intervene.arms=[none,matched,control], intervene.at=first-alert|<step>, intervene.kind=<kind>),
+                    intervene.arms=[none,matched,control], intervene.at=first-alert|<step>, intervene.kind=<kind>,
+                    intervene.sham=true: also the matched mitigation at another cell's alert step),
                     run them as cells of <sweep>-interventions, then write the intervention report
     dry_run=true    print the cells with their resources, GPU-hours reserved and checks; submit nothing
 
@@ -43,6 +44,8 @@ class InterveneOptions:
     at: str = "first-alert"
     arms: List[str] = field(default_factory=lambda: ["none", "matched", "control"])
     kind: Optional[str] = None  # first-alert of this kind only
+    # also a `sham` arm per branched cell: its matched mitigation at another branched cell's alert step
+    sham: bool = False
 
 
 @dataclass
@@ -228,7 +231,7 @@ def intervene(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> in
     from grid.expand import Cell
     from grid.submit import read_status
     from harness.config import ConfigError
-    from harness.intervene import ARM_WORDS, interventions_sweep, prepare
+    from harness.intervene import ARM_WORDS, first_alert, interventions_sweep, prepare, prepare_sham, sham_steps
     from harness.mitigations import mitigation_names
 
     words = [str(w) for w in cfg.intervene.arms]
@@ -240,7 +243,7 @@ def intervene(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> in
                 raise GridError(f"unknown arm '{word}' in intervene.arms; valid: {', '.join(ARM_WORDS)} or a "
                                 f"mitigation name") from None
     sweep_dir = Path(cfg.root) / cfg.sweep.name
-    arms = []
+    arms, alerted = [], {}
     for cell in cells:
         if cell.is_baseline:
             continue
@@ -256,6 +259,19 @@ def intervene(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> in
             continue
         arms += [Cell(arm.cfg.cell_id, dict(cell.axes), OmegaConf.to_container(OmegaConf.structured(arm.cfg)),
                       cell.resources) for arm in branched]
+        alert = first_alert(run, cfg.intervene.kind)
+        if alert is not None:
+            alerted[cell.cell_id] = (cell, int(alert["step"]))
+    if cfg.intervene.sham:  # each alerted cell's matched mitigation at another alerted cell's alert step
+        for cell_id, step in sham_steps({c: s for c, (_, s) in alerted.items()}).items():
+            cell = alerted[cell_id][0]
+            try:
+                branched = prepare_sham(sweep_dir / cell_id, step, cfg.intervene.kind)
+            except ConfigError as exc:
+                out(f"skip the sham arm of {cell_id}: {exc}")
+                continue
+            arms += [Cell(arm.cfg.cell_id, dict(cell.axes), OmegaConf.to_container(OmegaConf.structured(arm.cfg)),
+                          cell.resources) for arm in branched]
     if not arms:
         out(f"nothing to branch in {sweep_dir}: no ended cell with an alert")
         return 0

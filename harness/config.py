@@ -116,6 +116,7 @@ class AlgoConfig:
     ppo_epochs: int = 1
     shuffle: bool = False  # shuffle a policy's rows before cutting mini-batches, seeded from (seed, step, epoch)
     lr: float = 1e-3
+    lr_factor: float = 1.0  # every step's lr times this (the lr_half mitigation sets 0.5: a smaller update, any direction)
     lr_schedule: str = "constant"  # constant | cosine (verl's schedulers), stepped once per training step
     lr_warmup_steps: int = 0  # linear warm-up from 0 over this many training steps
     weight_decay: float = 0.0  # AdamW's (decoupled); verl's actor default and the study's: 0.01
@@ -205,11 +206,12 @@ def matched_mitigations() -> Dict[str, str]:
 
 
 def control_mitigations() -> Dict[str, str]:
-    """Alert kind -> a mitigation aimed at the other failure mode: an intervention's control arm. If it
-    saves a cell as often as the matched one, the save says "any change helps", not "the diagnosis
-    was right"."""
-    return {"amplification": "length_penalty", "capture": "coherence_reg", "length_drift": "coherence_reg",
-            "collapse": "length_penalty", "non_finite": "none"}
+    """Alert kind -> an intervention's control arm: halving the learning rate changes the size of every
+    update, aimed at no cause (the intervention report measures how much each arm changed the update
+    against `none`). If it saves a cell as often as the matched one, the save says "a smaller step
+    helps", not "the diagnosis was right"."""
+    return {"amplification": "lr_half", "capture": "lr_half", "length_drift": "lr_half", "collapse": "lr_half",
+            "non_finite": "none"}
 
 
 @dataclass

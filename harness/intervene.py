@@ -23,7 +23,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from harness.config import CellConfig, ConfigError
 
@@ -142,7 +142,7 @@ def arm_config(parent: CellConfig, run: Path, branch: Branch, label: str, mitiga
     return config_from_dict(values)
 
 
-def seed_arm(arm: Arm, branch: Branch) -> None:
+def seed_arm(arm: Arm, branch: Branch, extra: Optional[dict] = None) -> None:
     """The arm's folder: the parent's records before K, its checkpoint K, and branch.json. Built aside
     and renamed, so an arm folder is either complete or absent."""
     from harness.logging import LOG_FILES, iter_jsonl, write_atomic
@@ -161,7 +161,7 @@ def seed_arm(arm: Arm, branch: Branch) -> None:
     (staging / "branch.json").write_text(json.dumps({
         "parent": str(branch.run), "parent_cell": branch.run.name, "branch_step": branch.step,
         "checkpoint": branch.checkpoint.name, "start": branch.start, "arm": arm.label, "mitigation": arm.mitigation,
-        "alert": branch.alert}, indent=2) + "\n")
+        "alert": branch.alert, **(extra or {})}, indent=2) + "\n")
     staging.rename(target)
 
 
@@ -184,6 +184,32 @@ def prepare(run: Path, at: str, words: Sequence[str], steps: Optional[int] = Non
     return arms
 
 
+def prepare_sham(run: Path, step: int, kind: Optional[str] = None, steps: Optional[int] = None) -> List[Arm]:
+    """The `sham` arm: the matched mitigation of the run's first alert (of `kind`), switched on at
+    `step`, a step chosen without any alert of this run (the grid draws another branched cell's
+    alert step): does the mitigation save the cell whenever it comes, or only at the alert?"""
+    from harness.config import stored_cell_config
+
+    run = Path(run).resolve()
+    parent = stored_cell_config(run)
+    alert = first_alert(run, kind)
+    if alert is None:
+        raise ConfigError(f"{run} has no {kind + ' ' if kind else ''}alert whose matched mitigation a sham arm takes")
+    branch = find_branch(run, str(step), steps or parent.steps)
+    mitigation = parent.monitors.mitigations.get(alert["kind"], "none")
+    arm = Arm("sham", mitigation, arm_config(parent, run, branch, "sham", mitigation, steps))
+    if not arm.run_dir.exists():
+        seed_arm(arm, Branch(run, branch.step, branch.checkpoint, branch.start, None), {"sham_of": alert})
+    return [arm]
+
+
+def sham_steps(first_steps: Dict[str, int]) -> Dict[str, int]:
+    """Cell -> a sham branch step: the alert step of the next cell in id order (a cyclic shift), so
+    the sham steps are the alert steps themselves, each given to a cell it did not come from."""
+    cells = sorted(first_steps)
+    return {cell: first_steps[cells[(i + 1) % len(cells)]] + 1 for i, cell in enumerate(cells)} if len(cells) > 1 else {}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.intervene", description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a run directory (<root>/<sweep>/<cell>)")
@@ -193,10 +219,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="comma-separated: none, matched, control, or mitigation names ('a+b' for several)")
     parser.add_argument("--steps", type=int, default=None, help="train each arm to this step (default: the run's)")
     parser.add_argument("--prepare-only", action="store_true", help="seed the arms' folders, train nothing")
+    parser.add_argument("--sham-at", type=int, default=None,
+                        help="instead: one `sham` arm, the first alert's matched mitigation switched on at this step")
     args = parser.parse_args(argv)
     try:
-        arms = prepare(args.run, args.at, [w.strip() for w in args.arms.split(",") if w.strip()], args.steps,
-                       args.kind)
+        if args.sham_at is not None:
+            arms = prepare_sham(args.run, args.sham_at, args.kind, args.steps)
+        else:
+            arms = prepare(args.run, args.at, [w.strip() for w in args.arms.split(",") if w.strip()], args.steps,
+                           args.kind)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -238,7 +238,7 @@ def _check_data(cfg: CellConfig) -> None:
 
 def _check_numbers(cfg: CellConfig) -> None:
     """Every numeric knob finite and in its range (NaN and inf fail every comparison below)."""
-    positive = {"algo.lr": cfg.algo.lr, "algo.lr_spike_factor": cfg.algo.lr_spike_factor,
+    positive = {"algo.lr": cfg.algo.lr, "algo.lr_factor": cfg.algo.lr_factor, "algo.lr_spike_factor": cfg.algo.lr_spike_factor,
                 "algo.max_grad_norm": cfg.algo.max_grad_norm,
                 "algo.temperature": cfg.algo.temperature, "algo.adam_eps": cfg.algo.adam_eps,
                 "sandbox.wall_s": cfg.sandbox.wall_s,

@@ -1,16 +1,16 @@
 """The intervention report: did switching on the alert's matched mitigation save the cells its
-detector said were failing, more often than doing nothing or an unrelated mitigation?
+detector said were failing, more often than doing nothing, than a control that changes the update's
+size, and than the same mitigation at a step chosen without any alert?
 
     python -m reports.interventions runs/repro_intervene     # -> runs/repro_intervene-interventions/report/
 
-Reads a sweep and the arms `harness.intervene` branched from its runs (`<sweep>-interventions`). Per
-branched cell: the arms' validation curves from the branch point, each arm's failure label
-(analysis/labels.py: a failure after the branch) and final accuracy. Per alert kind: the failure
-rate after branching with `none` (the run itself after the branch, which its `none` arm repeats key
-for key where one was run), with the matched mitigation and with the control one, with 95% Wilson
-intervals, over every branched cell and over those that failed without intervention. Where the
-sweep has an `action` axis (sweep=repro_intervene: alert, stop, mitigate), the failure rate and
-final accuracy of each action on the same settings.
+Reads a sweep and the arms `harness.intervene` branched from its runs (`<sweep>-interventions`).
+Every comparison is paired (analysis/arms.py): an arm against the `none` arm run from the same
+checkpoint with the same random numbers (never the parent assumed in its place), failures after the
+branch by McNemar's exact test on the cells that had not failed before it, final accuracy by the
+sign test and Wilcoxon's; each claim is worded by its p. A `sham` arm (the matched mitigation at
+another cell's alert step, `intervene.sham=true`) is compared with the matched arm from the alert's
+step on. Where the sweep has an `action` axis, `mitigate` against `alert` on the same seeds.
 """
 from __future__ import annotations
 
@@ -23,19 +23,19 @@ from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
-from analysis.compare import mean_ci
-from analysis.detector_validation import interval, wilson
+from analysis.arms import collect_arms, compare
 from analysis.labels import label_records
+from analysis.paired import compare_failures, compare_values, worded
 from harness.intervene import interventions_sweep
 from harness.logging import read_jsonl
 from reports.render import esc, image, md_table, page, table, write
 
-ARM_ORDER = ("none", "matched", "control")
+ARM_ORDER = ("none", "matched", "control", "sham")
 
 
 @dataclass
 class Outcome:
-    """One arm of one branched cell (or the run itself standing for `none`)."""
+    """One arm of one branched cell."""
 
     label: str
     mitigation: str
@@ -52,8 +52,8 @@ class Branched:
     kind: Optional[str]
     alert_step: Optional[int]
     arms: Dict[str, Outcome] = field(default_factory=dict)
-    none_repeats_run: Optional[bool] = None  # a none arm was run: does it repeat the run's records?
-    failed_before: Optional[int] = None  # the run had already failed here, before the branch: no test
+    none_repeats_run: Optional[bool] = None  # the none arm repeats the run's records (None: no none arm run)
+    failed_before: Optional[int] = None  # the run had already failed here, before the branch
 
 
 def outcome(label: str, mitigation: str, run: Path, start: int) -> Outcome:
@@ -69,7 +69,7 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def branched_cells(sweep: Path) -> List[Branched]:
-    """Every run of `sweep` with arms, its arms' outcomes, and `none` from the run where no arm was run."""
+    """Every run of `sweep` with arms, per branch point, with its arms' outcomes (only arms that ran)."""
     arms_root = sweep.parent / interventions_sweep(sweep.name)
     cells: Dict[tuple, Branched] = {}  # one per (run, branch point): a run may be branched more than once
     for arm in sorted(p for p in arms_root.glob("*") if (p / "branch.json").is_file()):
@@ -78,102 +78,73 @@ def branched_cells(sweep: Path) -> List[Branched]:
                 "finished", "stopped_early"):
             continue  # an arm still running, or failed: not an outcome yet
         parent = Path(branch["parent"])
-        alert = branch.get("alert") or {}
+        alert = branch.get("alert") or branch.get("sham_of") or {}
         cell = cells.setdefault((parent, branch["start"]),
                                 Branched(parent, branch["start"], alert.get("kind"), alert.get("step")))
         cell.arms[branch["arm"]] = outcome(branch["arm"], branch["mitigation"], arm, branch["start"])
     for cell in cells.values():
-        itself = outcome("none", "none", cell.parent, cell.start)
-        earlier = [f.step for f in label_records(itself.records) if f.step < cell.start]
+        itself = read_jsonl(cell.parent / "metrics.jsonl")
+        earlier = [f.step for f in label_records(itself) if f.step < cell.start]
         cell.failed_before = min(earlier) if earlier else None
         if "none" in cell.arms:
             ran = cell.arms["none"].records
-            cell.none_repeats_run = len(ran) == len(itself.records) and all(map(_same, ran, itself.records))
-        else:
-            cell.arms["none"] = itself
+            cell.none_repeats_run = len(ran) == len(itself) and all(map(_same, ran, itself))
     return sorted(cells.values(), key=lambda c: (c.parent.name, c.start))
 
 
 def arm_labels(cells: List[Branched]) -> List[str]:
-    """none, matched, control, then any mitigation named as an arm, in that order."""
+    """none, matched, control, sham, then any mitigation named as an arm, in that order."""
     named = sorted({label for c in cells for label in c.arms} - set(ARM_ORDER))
     return [label for label in ARM_ORDER if any(label in c.arms for c in cells)] + named
 
 
-def rate(failed: int, n: int) -> str:
-    low, high = wilson(failed, n)
-    return f"{failed}/{n} {interval(low, high)}" if n else "–"
-
-
-def testable(cells: List[Branched]) -> List[Branched]:
-    """The branched cells that had not failed before their branch point: an arm can only prevent a
-    failure still to come."""
-    return [c for c in cells if c.failed_before is None]
-
-
-def kind_table(cells: List[Branched]) -> pd.DataFrame:
-    """Per alert kind: each arm's failure rate after the branch, over the testable branched cells and
-    over those of them that failed without intervention."""
-    rows = []
-    cells = testable(cells)
-    for kind in sorted({c.kind or "(a step)" for c in cells}):
-        group = [c for c in cells if (c.kind or "(a step)") == kind]
-        failing = [c for c in group if c.arms["none"].failed_at is not None]
-        for label in arm_labels(group):
-            have = [c for c in group if label in c.arms]
-            have_failing = [c for c in failing if label in c.arms]
-            mitigations = sorted({c.arms[label].mitigation for c in have})
-            rows.append({"alert kind": kind, "arm": label, "mitigation": ", ".join(mitigations) or "–",
-                         "failed after the branch [95% CI]": rate(sum(c.arms[label].failed_at is not None for c in have),
-                                                                 len(have)),
-                         "of the cells that failed without it [95% CI]": rate(
-                             sum(c.arms[label].failed_at is not None for c in have_failing), len(have_failing)),
-                         "final accuracy": _mean_text([c.arms[label].final_accuracy for c in have])})
-    return pd.DataFrame(rows)
-
-
-def accuracy_table(cells: List[Branched]) -> pd.DataFrame:
-    """Per alert kind: each arm's final validation accuracy less the `none` arm's on the same cell (the
-    arms share their random numbers, so the difference is the intervention's), over every branched
-    cell, those that had failed before the branch included: for them the question is recovery."""
-    rows = []
-    for kind in sorted({c.kind or "(a step)" for c in cells}):
-        group = [c for c in cells if (c.kind or "(a step)") == kind]
-        for label in [a for a in arm_labels(group) if a != "none"]:
-            pairs = [(c.arms[label].final_accuracy, c.arms["none"].final_accuracy) for c in group
-                     if label in c.arms and c.arms[label].final_accuracy is not None
-                     and c.arms["none"].final_accuracy is not None]
-            better = sum(arm > none for arm, none in pairs)
-            rows.append({"alert kind": kind, "arm": label,
-                         "mitigation": ", ".join(sorted({c.arms[label].mitigation for c in group if label in c.arms})),
-                         "cells": len(pairs), "final accuracy less none's [95% CI]":
-                             _mean_text([arm - none for arm, none in pairs]),
-                         "cells where it is higher": f"{better}/{len(pairs)}"})
-    return pd.DataFrame(rows)
-
-
-def _mean_text(values: Sequence[Optional[float]]) -> str:
-    mean, low, high, n = mean_ci([v for v in values if v is not None])
-    return "–" if n == 0 else f"{mean:.3f} {interval(low, high)}"
+def comparison_table(rows: List[dict]) -> pd.DataFrame:
+    """Per alert kind, every arm against `none`, the matched against the control, and the sham against
+    the matched (from the alert's step on): paired tests, worded by their p."""
+    frames = []
+    for kind in sorted({r["alert_kind"] or "(a step)" for r in rows}):
+        mine = [r for r in rows if (r["alert_kind"] or "(a step)") == kind]
+        labels = {r["arm"] for r in mine}
+        wanted = [(a, "none", True, "branch") for a in sorted(labels - {"none", "sham"})]
+        if {"matched", "control"} <= labels:
+            wanted.append(("matched", "control", True, "branch"))
+        if {"sham", "matched"} <= labels:
+            wanted.append(("sham", "matched", False, "alert"))
+        for arm, reference, same_start, since in wanted:
+            found = compare(mine, arm, reference, same_start, since)
+            frames.append({"alert kind": kind, **found.row()})
+    return pd.DataFrame(frames)
 
 
 def action_table(sweep: Path) -> Optional[pd.DataFrame]:
-    """The sweep's `action` axis: per sharing mode and action, failure rate and final accuracy."""
+    """The sweep's `action` axis: per sharing mode, `mitigate` (and `stop`) against `alert` on the same
+    seeds: failures over the whole run (McNemar) and final accuracy (sign test)."""
     from harness.config import stored_cell_config
 
-    groups: Dict[tuple, List[Outcome]] = defaultdict(list)
+    found: Dict[tuple, Dict[int, Outcome]] = defaultdict(dict)
     for run in sorted(p for p in sweep.glob("*") if (p / "cell.yaml").is_file()):
         cfg = stored_cell_config(run)
         action = (cfg.extra or {}).get("action")
         if action is None or cfg.topology == "single":
             continue
-        groups[(cfg.sharing, str(action))].append(outcome(str(action), cfg.mitigation, run, 0))
-    if not groups:
+        found[(cfg.sharing, str(action))][cfg.seed] = outcome(str(action), cfg.mitigation, run, 0)
+    if not found:
         return None
-    return pd.DataFrame([{"sharing": sharing, "action": action,
-                          "failed [95% CI]": rate(sum(o.failed_at is not None for o in runs), len(runs)),
-                          "final accuracy [95% CI]": _mean_text([o.final_accuracy for o in runs])}
-                         for (sharing, action), runs in sorted(groups.items())])
+    rows = []
+    for (sharing, action), runs in sorted(found.items()):
+        if action == "alert":
+            continue
+        reference = found.get((sharing, "alert"), {})
+        seeds = sorted(set(runs) & set(reference))
+        failures = compare_failures([runs[s].failed_at is not None for s in seeds],
+                                    [reference[s].failed_at is not None for s in seeds])
+        accuracy = compare_values([runs[s].final_accuracy for s in seeds], [reference[s].final_accuracy for s in seeds])
+        rows.append({"sharing": sharing, "action": action, "against": "alert", "seeds": len(seeds),
+                     "failed (paired)": failures.text(),
+                     "failures": worded(failures.p, f"{action} fails less often than alert"),
+                     "final accuracy, action - alert": accuracy.text(),
+                     "accuracy": worded(accuracy.sign_p, f"{action} ends more accurate than alert")})
+    return pd.DataFrame(rows)
 
 
 def cell_table(cells: List[Branched]) -> pd.DataFrame:
@@ -181,7 +152,8 @@ def cell_table(cells: List[Branched]) -> pd.DataFrame:
     for cell in cells:
         row = {"cell": cell.parent.name, "alert": f"{cell.kind} at {cell.alert_step}" if cell.kind else "–",
                "branched at": cell.start,
-               "before the branch": "held" if cell.failed_before is None else f"failed at {cell.failed_before}"}
+               "before the branch": "held" if cell.failed_before is None else f"failed at {cell.failed_before}",
+               "none repeats the run": {True: "yes", False: "NO", None: "none not run"}[cell.none_repeats_run]}
         for label in arm_labels(cells):
             arm = cell.arms.get(label)
             row[label] = "–" if arm is None else (
@@ -226,30 +198,37 @@ def curves(cell: Branched, out: Path) -> Path:
 def build_intervention_report(sweep: Path) -> Path:
     sweep = Path(sweep)
     cells = branched_cells(sweep)
-    out = sweep.parent / interventions_sweep(sweep.name) / "report"
-    kinds, actions, per_cell = kind_table(cells), action_table(sweep), cell_table(cells)
-    checked = [c for c in cells if c.none_repeats_run is not None]
-    repeat_note = (f"`none` is the run itself after the branch; on the {len(checked)} cells where a `none` arm was "
-                   f"also run, it repeated the run's records key for key on "
-                   f"{sum(bool(c.none_repeats_run) for c in checked)}.")
-    late = len(cells) - len(testable(cells))
-    repeat_note += (f" {late} of the {len(cells)} had failed before their branch point (an alert that confirms a "
-                    f"failure comes after it): they are listed, not counted in the rates.") if late else ""
-    paired = accuracy_table(cells)
-    md = [f"# Interventions: {sweep.name}", "", f"{len(cells)} branched cells. {repeat_note}", "",
-          "## Failure rate after branching, per alert kind", "", md_table(kinds) if len(kinds) else "(no arms yet)",
-          "", "## Final accuracy against doing nothing, per alert kind", "",
-          md_table(paired) if len(paired) else "(no arms yet)"]
-    html = [f"<h1>Interventions: {esc(sweep.name)}</h1>", f"<p>{len(cells)} branched cells. {esc(repeat_note)}</p>",
-            "<h2>Failure rate after branching, per alert kind</h2>", table(kinds) if len(kinds) else "<p>no arms yet</p>",
-            "<h2>Final accuracy against doing nothing, per alert kind</h2>",
-            table(paired) if len(paired) else "<p>no arms yet</p>"]
-    if actions is not None:
-        note = ("A cell under `stop` ends at its first alert: its failures are those before the stop, its final "
-                "accuracy the last validation before it. `mitigate` switches the alert kind's matched mitigation on "
-                "in the running cell; `alert` only reports.")
-        md += ["", "## The sweep's actions on the same settings", "", md_table(actions), "", note]
-        html += ["<h2>The sweep's actions on the same settings</h2>", table(actions), f"<p>{esc(note)}</p>"]
+    arms_root = sweep.parent / interventions_sweep(sweep.name)
+    out = arms_root / "report"
+    rows = collect_arms(arms_root)
+    comparisons, actions, per_cell = comparison_table(rows), action_table(sweep), cell_table(cells)
+    run_none = [c for c in cells if c.none_repeats_run is not None]
+    repeat_note = (f"{len(cells)} branch points; a `none` arm ran at {len(run_none)} of them and repeated its run's "
+                   f"records key for key at {sum(bool(c.none_repeats_run) for c in run_none)}. Branch points without a "
+                   f"`none` arm are listed, not compared (an arm is only ever compared with arms that ran).")
+    late = sum(c.failed_before is not None for c in cells)
+    if late:
+        repeat_note += (f" {late} had failed before their branch point (an alert that confirms a failure comes after "
+                        f"it): their failures are not compared, their final accuracy is (recovery).")
+    note = ("Paired tests (analysis/paired.py): failures after the branch by McNemar's exact test on the pairs whose "
+            "run had not failed before it, with the difference of failure rates and Newcombe's paired 95% interval; "
+            "final accuracy by the sign test (the words) and Wilcoxon's signed-rank test, with the mean difference "
+            "and its 95% t interval. 'change of the update vs none': the mean over the 10 steps after the branch of "
+            "|the arm's summed update norm / none's - 1|, how much the arm changed the update (a control meant to "
+            "change it about as much as the matched mitigation should be near it). A sham arm switches the matched "
+            "mitigation on at another branched cell's alert step (no alert there), compared with the matched arm "
+            "on failures from this cell's alert step on.")
+    md = [f"# Interventions: {sweep.name}", "", repeat_note, "", "## Paired comparisons", "", note, "",
+          md_table(comparisons) if len(comparisons) else "(no arms yet)"]
+    html = [f"<h1>Interventions: {esc(sweep.name)}</h1>", f"<p>{esc(repeat_note)}</p>",
+            "<h2>Paired comparisons</h2>", f"<p class=\"muted\">{esc(note)}</p>",
+            table(comparisons) if len(comparisons) else "<p>no arms yet</p>"]
+    if actions is not None and len(actions):
+        text = ("A cell under `stop` ends at its first alert: its failures are those before the stop. `mitigate` "
+                "switches the alert kind's matched mitigation on in the running cell; `alert` only reports. Paired "
+                "by seed.")
+        md += ["", "## The sweep's actions on the same seeds", "", md_table(actions), "", text]
+        html += ["<h2>The sweep's actions on the same seeds</h2>", table(actions), f"<p>{esc(text)}</p>"]
     md += ["", "## Branched cells", "", md_table(per_cell) if len(per_cell) else "(none)"]
     html += ["<h2>Branched cells</h2>", table(per_cell) if len(per_cell) else "<p>none</p>"]
     for cell in cells:

@@ -100,8 +100,9 @@ def test_a_branch_never_starts_from_a_damaged_or_missing_checkpoint(parent, tmp_
 
     copy = tmp_path / "sweep" / CELL
     shutil.copytree(parent, copy)
-    for name in ("step_0000001",):
-        shutil.rmtree(copy / "checkpoints" / name, ignore_errors=True)
+    for old in (copy / "checkpoints").glob("step_*"):  # every other state at or before step 5 (bests, the first)
+        if int(old.name.split("_")[1]) <= 5 and old.name != "step_0000004":
+            shutil.rmtree(old)
     weights = copy / "checkpoints" / "step_0000004" / "engine.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8] + b"damaged!")
     proc = subprocess.run(INTERVENE + [str(copy), "--at", "5", "--arms", "none"], cwd=REPO, capture_output=True,
@@ -148,12 +149,27 @@ def test_action_mitigate_switches_the_mitigation_on_and_a_resume_replays_it(tmp_
     proc = subprocess.run(INTERVENE + [str(cell), "--kind", "length_drift", "--arms", "none,matched,control",
                                        "--prepare-only"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for label, mitigation in (("none", "none"), ("matched", "kl_anchor"), ("control", "coherence_reg")):
+    for label, mitigation in (("none", "none"), ("matched", "kl_anchor"), ("control", "lr_half")):
         arm = cell.parent.parent / "default-interventions" / f"{CELL}@{first + 1}+{label}"
         branch = json.loads((arm / "branch.json").read_text())
         assert (branch["start"], branch["mitigation"], branch["alert"]["step"]) == (first + 1, mitigation, first)
         assert [m["step"] for m in read_jsonl(arm / "metrics.jsonl")] == list(range(first + 1))
         assert (arm / "checkpoints" / f"step_{first + 1:07d}" / "manifest.json").is_file()
+    # the sham arm: the same matched mitigation switched on at a step no alert of this run chose
+    sham = subprocess.run(INTERVENE + [str(cell), "--kind", "length_drift", "--sham-at", str(first + 2),
+                                       "--prepare-only"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert sham.returncode == 0, sham.stderr
+    [arm] = (cell.parent.parent / "default-interventions").glob(f"{CELL}@*+sham")
+    branch = json.loads((arm / "branch.json").read_text())
+    assert branch["mitigation"] == "kl_anchor" and branch["alert"] is None
+    assert branch["sham_of"]["step"] == first and first + 1 <= branch["start"] <= first + 2
+
+
+def test_sham_steps_give_each_cell_another_cells_alert_step():
+    from harness.intervene import sham_steps
+
+    assert sham_steps({"b": 30, "a": 12, "c": 50}) == {"a": 31, "b": 51, "c": 13}
+    assert sham_steps({"a": 12}) == {}  # one cell: no other alert step to borrow
 
 
 def test_action_mitigate_needs_the_local_engine(tmp_path):
@@ -184,10 +200,13 @@ def test_the_intervention_report_renders_in_chromium(parent, tmp_path):
     # a none arm run at 8 (and at 4 when the first test ran before) repeats the run, whichever ran
     import re
 
-    ran, repeated = re.search(r"on the (\d+) cells where a `none` arm was also run, it repeated the run's records "
-                              r"key for key on (\d+)\.", md).groups()
+    ran, repeated = re.search(r"a `none` arm ran at (\d+) of them and repeated its run's records key for key at "
+                              r"(\d+)\.", md).groups()
     assert int(ran) >= 1 and ran == repeated
-    assert "| kl_anchor" in md and "failed after the branch [95% CI]" in md
+    # every arm against the none arm run beside it, by paired tests worded by their p
+    assert re.search(r"\| \(a step\) +\| kl_anchor +\| none ", md) and "McNemar exact p = " in md
+    assert "sign test p = " in md and "nan" not in md
+    assert "fails less often than none (p = " in md
 
 
 def test_a_sweep_is_branched_by_the_grid_and_its_actions_compared(tmp_path, warm_model_dir):
@@ -199,9 +218,10 @@ def test_a_sweep_is_branched_by_the_grid_and_its_actions_compared(tmp_path, warm
     launched = subprocess.run([sys.executable, "grid/launch.py", *sweep], cwd=REPO, capture_output=True, text=True,
                               timeout=300)
     assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
-    frame = action_table(tmp_path / "smoke")
-    assert list(frame["action"]) == ["alert", "mitigate"] and list(frame["sharing"]) == ["ip", "ip"]
-    assert all(text.startswith(("0/1", "1/1")) for text in frame["failed [95% CI]"])
+    frame = action_table(tmp_path / "smoke")  # mitigate against alert on the same seed, paired
+    assert list(frame["action"]) == ["mitigate"] and list(frame["against"]) == ["alert"]
+    assert list(frame["sharing"]) == ["ip"] and list(frame["seeds"]) == [1]
+    assert frame["failed (paired)"][0].startswith(("0/1 vs", "1/1 vs")) and "McNemar exact p" in frame["failed (paired)"][0]
 
     branched = subprocess.run([sys.executable, "grid/launch.py", *sweep, "action=intervene", "intervene.at=2",
                                "intervene.arms=[none,kl_anchor]"], cwd=REPO, capture_output=True, text=True, timeout=300)

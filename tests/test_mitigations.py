@@ -10,7 +10,7 @@ import torch
 from harness.algo.coherence import design_effect
 from harness.algo.grpo import assign_advantages
 from harness.config import CellConfig, ConfigError, kl_beta
-from harness.engines.base import update_plan
+from harness.engines.base import step_lr, update_plan
 from harness.instrument.gradients import gradient_metrics
 from harness.instrument.probe import GradientProbe
 from harness.logging import read_jsonl
@@ -136,12 +136,14 @@ def test_role_balanced_and_kl_anchor_set_their_knobs_and_names_compose():
     assert cfg.algo.loss_agg == "role-balanced" and cfg.algo.kl_coef == 0.05
     assert kl_beta(cfg.algo, "voter") == 0.2 and kl_beta(cfg.algo, "aggregator") == 0.05
     assert cfg.cell_id == "voting-sp-arith-tiny-m-s0-mitigation=role_balanced+kl_anchor"
-    assert set(MITIGATIONS) == {"none", "role_count_scaling", "coherence_reg", "kl_anchor", "role_balanced",
+    assert set(MITIGATIONS) == {"none", "role_count_scaling", "coherence_reg", "kl_anchor", "lr_half", "role_balanced",
                                 "agent_norm", "length_penalty"}
     with pytest.raises(ConfigError, match="unknown mitigation 'coherence'; valid choices: none, role_count_scaling"):
         apply_and_validate({"mitigation": "kl_anchor+coherence"})
     with pytest.raises(ConfigError, match="kl_coef_per_role.voter must be a finite number >= 0"):
         apply_and_validate({"algo": {"kl_coef_per_role": {"voter": -1.0}}})
+    halved = apply_and_validate({"mitigation": "lr_half", "algo": {"lr": 0.002}})
+    assert halved.algo.lr_factor == 0.5 and step_lr(halved.algo, 10, 3) == 0.001 and halved.algo.lr == 0.002
     for knob, name in (("coherence_reg", "coherence_reg"), ("kl_coef", "kl_anchor")):  # not replaced by the default
         with pytest.raises(ConfigError, match=f"algo.{knob} must be a finite number >= 0, got -1.0"):
             apply_and_validate({"mitigation": name, "algo": {knob: -1.0}})

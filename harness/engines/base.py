@@ -222,8 +222,8 @@ def lr_spike(algo, step: int) -> float:
 
 
 def step_lr(algo, total_steps: int, step: int) -> float:
-    """The learning rate of training step `step`: the schedule's, times the induced spike."""
-    return algo.lr * lr_multiplier(algo, total_steps, step) * lr_spike(algo, step)
+    """The learning rate of training step `step`: the schedule's, times the induced spike and lr_factor."""
+    return algo.lr * algo.lr_factor * lr_multiplier(algo, total_steps, step) * lr_spike(algo, step)
 
 
 def lr_multiplier(algo, total_steps: int, step: int) -> float:

@@ -119,7 +119,7 @@ def training_worker_config(cfg, model_dir: Path, adapter_dir: Optional[Path], de
                               use_dynamic_bsz=v.use_dynamic_bsz, max_token_len_per_gpu=v.max_token_len_per_gpu,
                               micro_batch_size_per_gpu=cfg.algo.micro_batch_size, seed=cfg.seed,
                               mixed_precision={"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"})
-    optim = FSDPOptimizerConfig(lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay, clip_grad=cfg.algo.max_grad_norm,
+    optim = FSDPOptimizerConfig(lr=cfg.algo.lr * cfg.algo.lr_factor, weight_decay=cfg.algo.weight_decay, clip_grad=cfg.algo.max_grad_norm,
                                 betas=tuple(cfg.algo.adam_betas), override_optimizer_config={"eps": cfg.algo.adam_eps},
                                 total_training_steps=max(cfg.steps, 1), lr_warmup_steps=cfg.algo.lr_warmup_steps,
                                 lr_scheduler_type=cfg.algo.lr_schedule)

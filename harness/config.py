@@ -115,6 +115,10 @@ class AlgoConfig:
     ppo_mini_batch_size: int = 8  # problems per mini-batch (verl's count): rows = this x group_size
     ppo_epochs: int = 1
     shuffle: bool = False  # shuffle a policy's rows before cutting mini-batches, seeded from (seed, step, epoch)
+    # verl's trainer.balance_batch (on by default there and in the study): the step's rows sorted by length
+    # and zig-zagged before mini-batching (engines/base.py balanced_order); balance_dp: the DP ranks it balances
+    balance_batch: bool = True
+    balance_dp: int = 1
     lr: float = 1e-3
     lr_factor: float = 1.0  # every step's lr times this (the lr_half mitigation sets 0.5: a smaller update, any direction)
     lr_schedule: str = "constant"  # constant | cosine (verl's schedulers), stepped once per training step

@@ -107,3 +107,29 @@ def test_an_lr_spike_multiplies_the_steps_inside_its_window_and_no_other(tmp_pat
     metrics = _metrics(tmp_path / "run", "steps=6", "val_every=100", "samples_every=0", *spike)
     base = metrics[0]["lr"]
     assert [m["lr"] / base for m in metrics] == pytest.approx([1, 1, 1, 4, 4, 1])
+
+
+def _rows(lengths, policy="shared"):
+    from harness.workflows import Turn
+
+    return [Turn("voter", 0, policy, "p", [1], [2] * (n - 1), "", False, i) for i, n in enumerate(lengths)]
+
+
+def test_the_batch_is_balanced_as_verl_balances_it_before_mini_batching():
+    """verl's _balance_batch (on by default in verl and the study): rows sorted by length and
+    zig-zagged on one rank, Karmarkar-Karp first over two; the orders verl 0.6.1's code gives."""
+    from harness.config import AlgoConfig
+    from harness.engines.base import balanced_order, update_plan
+
+    algo = AlgoConfig()
+    assert balanced_order(_rows([50, 10, 40, 30, 20, 60, 70, 80]), algo) == [1, 3, 0, 6, 7, 5, 2, 4]
+    assert balanced_order(_rows([5, 5, 5, 5, 9, 1]), algo) == [5, 1, 3, 4, 2, 0]
+    two = AlgoConfig(balance_dp=2)
+    assert balanced_order(_rows([50, 10, 40, 30, 20, 60, 70, 80]), two) == [4, 0, 7, 3, 1, 5, 6, 2]
+    assert balanced_order(_rows([5, 5, 5, 5, 9, 1]), two) == [5, 4, 1, 0, 3, 2]
+    assert balanced_order(_rows([50, 10, 40]), AlgoConfig(balance_batch=False)) == [0, 1, 2]
+    # a policy's mini-batches are cut from the balanced order: the shortest rows come first
+    rows = _rows([50, 10, 40, 30, 20, 60, 70, 80])
+    plan = update_plan(rows, AlgoConfig(ppo_mini_batch_size=1, group_size=4), 0, 0)
+    firsts = [t.index for slot in plan["shared"][0].slots.values() for t in slot]
+    assert firsts == [1, 3, 0, 6]

@@ -78,8 +78,8 @@ def update_plan(samples: Sequence[Turn], algo, seed: int, step: int) -> Dict[str
     ppo_mini_batch_size x group_size (x the policy's same-type instances under
     algo.role_count_scaling); the last one of an epoch may be smaller."""
     by_policy: Dict[str, List[Turn]] = defaultdict(list)
-    for turn in samples:
-        by_policy[turn.policy].append(turn)
+    for index in balanced_order(samples, algo):
+        by_policy[samples[index].policy].append(samples[index])
     plan: Dict[str, List[MiniBatch]] = {}
     for policy, turns in by_policy.items():
         rows_per_batch = algo.ppo_mini_batch_size * algo.group_size
@@ -95,6 +95,31 @@ def update_plan(samples: Sequence[Turn], algo, seed: int, step: int) -> Dict[str
                 batches.append(_minibatch([turns[i] for i in order[start: start + rows_per_batch]]))
         plan[policy] = batches
     return plan
+
+
+def balanced_order(samples: Sequence[Turn], algo) -> List[int]:
+    """The step's rows in the order verl's `_balance_batch` gives them (on by default in verl and in
+    the study's trainer: `trainer.balance_batch`, ray_trainer.py), before each policy's rows are cut
+    into mini-batches: each DP rank's rows sorted by workload (24576 s + s^2, s = prompt + response
+    tokens: by length) and zig-zagged, `p[::2] + p[1::2][::-1]`, so mini-batches are stratified by
+    length. With `balance_dp` > 1 ranks, verl's Karmarkar-Karp partition first (verl must be
+    installed). `balance_batch=false`: the episodes' own order."""
+    order = list(range(len(samples)))
+    if not algo.balance_batch or not samples:
+        return order
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in samples]
+    if algo.balance_dp > 1:
+        from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
+
+        workload = [24576 * s + s * s for s in lengths]
+        partitions = get_seqlen_balanced_partitions(workload, k_partitions=algo.balance_dp, equal_size=True)
+    else:
+        partitions = [order]
+    ordered: List[int] = []
+    for partition in partitions:
+        ranked = sorted(partition, key=lambda i: (lengths[i], i))
+        ordered += ranked[::2] + ranked[1::2][::-1]
+    return ordered
 
 
 def same_type_instances(turns: Sequence[Turn]) -> int:

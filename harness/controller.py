@@ -225,6 +225,9 @@ def update_metrics(update) -> Dict[str, float]:
     for name, values in per_role.items():
         for role, value in values.items():
             metrics[f"role/{role}/{name}"] = value
+    for role, values in update.role_extra.items():
+        for name, value in values.items():
+            metrics[f"role/{role}/{name}"] = value
     return metrics
 
 

@@ -133,3 +133,25 @@ def test_the_batch_is_balanced_as_verl_balances_it_before_mini_batching():
     plan = update_plan(rows, AlgoConfig(ppo_mini_batch_size=1, group_size=4), 0, 0)
     firsts = [t.index for slot in plan["shared"][0].slots.values() for t in slot]
     assert firsts == [1, 3, 0, 6]
+
+
+def test_the_studys_off_policy_diagnostics_match_a_hand_computed_example():
+    """training_ppl, ppl_ratio and chi2_token as verl's compute_offpolicy_metrics defines them (the
+    study logs them per role): two sequences, the second without the sampler's log-probs."""
+    import math
+    from collections import defaultdict
+
+    from harness.engines.base import STAT_SUMS, UpdateResult, add_offpolicy, finish_update
+
+    sums = {k: defaultdict(float) for k in STAT_SUMS}
+    log_prob = torch.tensor([[-0.5, -1.5, 0.0], [-2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    add_offpolicy(sums, "voter", log_prob, mask, [[-1.0, -1.0], None])
+    sums["tokens"]["voter"], sums["ratio"]["voter"], sums["ratio_sq"]["voter"] = 3.0, 3.0, 3.0
+    result = UpdateResult(0.0, {}, {}, {})
+    finish_update(result, {}, {}, sums)
+    got = result.role_extra["voter"]
+    assert math.isclose(got["training_ppl"], (math.exp(1.0) + math.exp(2.0)) / 2)
+    assert math.isclose(got["ppl_ratio"], math.exp(-1.0 - (-1.0)))  # mean log-probs equal: ratio 1
+    assert math.isclose(got["chi2_token"], (math.exp(0.5) ** 2 + math.exp(-0.5) ** 2) / 2 - 1)
+    assert got["ratio_std"] == 0.0

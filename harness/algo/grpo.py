@@ -74,9 +74,14 @@ def assign_advantages(episodes: List[Episode], norm_by_std: bool = True, groupin
         computed = _agent_norm(scores, keys, roles, epsilon)
     else:
         computed = _grpo(scores, keys, norm_by_std, epsilon)
+    spread: Dict[str, set] = defaultdict(set)
+    for member in members:
+        spread[member.key].add(member.score)
     for member, advantage in zip(members, computed):
         for t in member.turns:
             t.advantage = advantage
+            # its group's scores all alike: GRPO gives it no learning signal (role/<r>/zero_variance_groups)
+            t.stats["zero_variance_groups"] = float(len(spread[member.key]) == 1)
 
 
 @dataclass

@@ -49,6 +49,8 @@ class UpdateResult:
     minibatches: Dict[str, List[dict]] = field(default_factory=dict)  # per policy, per step: loss, clipfrac, grad_norm
     # per policy: mean and max over sampled tokens of |p_rollout - p_train| (verl's rollout_probs_diff_*)
     rollout_probs_diff: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    # per role: ratio_std, and the study's training_ppl, ppl_ratio, chi2_token (add_offpolicy)
+    role_extra: Dict[str, Dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -183,6 +185,49 @@ def finish_update(result: UpdateResult, plan: Dict[str, List[MiniBatch]], role_l
     result.entropy, result.clipfrac, result.ratio = per_token("entropy"), per_token("clipped"), per_token("ratio")
     if sums.get("kl"):
         result.kl = per_token("kl")
+    extra: Dict[str, Dict[str, float]] = defaultdict(dict)
+    for role in tokens:
+        if sums.get("ratio_sq") and tokens[role]:
+            mean_ratio = sums["ratio"][role] / tokens[role]
+            extra[role]["ratio_std"] = math.sqrt(max(sums["ratio_sq"][role] / tokens[role] - mean_ratio ** 2, 0.0))
+        if sums.get("seqs") and sums["seqs"].get(role):
+            extra[role]["training_ppl"] = sums["training_ppl"][role] / sums["seqs"][role]
+        if sums.get("rollout_seqs") and sums["rollout_seqs"].get(role):
+            extra[role]["ppl_ratio"] = sums["ppl_ratio"][role] / sums["rollout_seqs"][role]
+            extra[role]["chi2_token"] = sums["chi2"][role] / sums["rollout_tokens"][role] - 1.0
+    result.role_extra = dict(extra)
+
+
+STAT_SUMS = ("entropy", "kl", "tokens", "clipped", "ratio", "ratio_sq", "seqs", "training_ppl", "rollout_seqs",
+             "ppl_ratio", "rollout_tokens", "chi2")
+OFFPOLICY_BOUND = 20.0  # verl's SAFETY_BOUND on the log-ratio (trainer/ppo/rollout_corr_helper.py)
+
+
+def add_offpolicy(sums: Dict[str, Dict[str, float]], role: str, log_prob: torch.Tensor, mask: torch.Tensor,
+                  rollout: Sequence[Optional[Sequence[float]]]) -> None:
+    """The study's per-role diagnostics of the current policy against the sampler, summed per role
+    (finish_update divides), as verl's compute_offpolicy_metrics defines them
+    (verl 0.6.1 trainer/ppo/rollout_corr_helper.py l.742-795, logged by the study's trainer as
+    actor/<role>/training_ppl, ppl_ratio, chi2_token: rllm/trainer/verl/agent_workflow_trainer.py
+    l.603-604): training_ppl = mean over sequences of exp(-mean token log pi); ppl_ratio = mean over
+    sequences of exp(mean log pi_rollout - mean log pi) (training over rollout perplexity); chi2_token =
+    token mean of exp(clamp(log pi - log pi_rollout, +-20))^2 - 1. `log_prob` (rows, M) is the policy
+    during the update, at the sampling temperature."""
+    for row, sampled in enumerate(rollout):
+        where = mask[row].bool()
+        mine = log_prob[row][where].double()
+        if mine.numel() == 0:
+            continue
+        sums["seqs"][role] += 1
+        sums["training_ppl"][role] += float(torch.exp(-mine.mean()))
+        if sampled is None or len(sampled) != mine.numel():
+            continue
+        theirs = torch.as_tensor(list(sampled), dtype=torch.float64, device=mine.device)
+        sums["rollout_seqs"][role] += 1
+        sums["ppl_ratio"][role] += float(torch.exp(theirs.mean() - mine.mean()))
+        rho = torch.exp((mine - theirs).clamp(-OFFPOLICY_BOUND, OFFPOLICY_BOUND))
+        sums["chi2"][role] += float((rho * rho).sum())
+        sums["rollout_tokens"][role] += float(mine.numel())
 
 
 class ProbsDiff:

@@ -19,8 +19,9 @@ import torch
 from harness.algo.loss import BatchNorm, ClipConfig, aggregate, kl_to_reference, ppo_clip_loss
 from harness.config import kl_beta
 from harness.engines.adapters import attach_adapters
-from harness.engines.base import (MiniBatch, ProbsDiff, UpdateResult, clip_coefficients, coherence_lr_scale,
-                                  finish_update, measure_kl, record_minibatch, record_step, step_lr, update_plan)
+from harness.engines.base import (STAT_SUMS, MiniBatch, ProbsDiff, UpdateResult, add_offpolicy, clip_coefficients,
+                                  coherence_lr_scale, finish_update, measure_kl, record_minibatch, record_step, step_lr,
+                                  update_plan)
 from harness.engines.logprobs import ResponseLogProbs, response_log_probs
 from harness.engines.sampling import generate_grouped, sample_repeated
 from harness.instrument.probe import GradientProbe
@@ -201,6 +202,10 @@ class LocalEngine:
         stats["tokens"][role] += float(mask.sum())
         stats["clipped"][role] += float((policy_loss.clipped * mask).sum())
         stats["ratio"][role] += float((policy_loss.ratio * mask).sum())
+        for kind in STAT_SUMS:  # a caller's own sums (tests) may hold only some of them
+            stats.setdefault(kind, defaultdict(float))
+        stats["ratio_sq"][role] += float((policy_loss.ratio.detach() ** 2 * mask).sum())
+        add_offpolicy(stats, role, log_prob.detach(), mask, [t.rollout_log_probs for t in batch])
         return aggregate(loss_mat, mask, algo.loss_agg, norm, role)
 
     def _backward(self, policy: str, minibatch: MiniBatch, old, stats, probe, with_kl: bool) -> Dict[str, float]:
@@ -241,7 +246,7 @@ class LocalEngine:
         old = {p: self._old_log_probs(p, [t for t in samples if t.policy == p and id(t) not in first]) for p in policies}
         kl_now = measure_kl(self.cfg, step) and not self.full_finetune
         drift_before = {p: self._distance(p) for p in policies}
-        stats = {k: defaultdict(float) for k in ("entropy", "kl", "tokens", "clipped", "ratio")}
+        stats = {k: defaultdict(float) for k in STAT_SUMS}
         result = UpdateResult(0.0, {}, {}, {})
         role_loss: Dict[Tuple[str, str], float] = defaultdict(float)
         for k in range(max((len(plan[p]) for p in policies), default=0)):

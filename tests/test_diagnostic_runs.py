@@ -21,7 +21,7 @@ def test_amplification_fires_on_the_faster_adapter_not_on_ip_instance_nor_when_s
     # early band is tested on recorded streams in tests/test_detectors.py
     common = ("topology=voting", "steps=12", "val_every=100", "samples_every=0", "monitors.amplification.patience=2",
               "monitors.amplification.baseline_steps=0", "monitors.start_step=0",
-              "algo.lr=1.5e-3", "algo.ppo_mini_batch_size=2")
+              "algo.lr=1.5e-3", "algo.ppo_mini_batch_size=2", "algo.balance_batch=false")
     _, run, ip, ip_alerts = _run(tmp_path, "sharing=ip", "wandb.enabled=true", *common)
     _, _, control, control_alerts = _run(tmp_path, "sharing=ip_instance", *common)
     _, _, scaled, scaled_alerts = _run(tmp_path, "sharing=ip", "mitigation=role_count_scaling", *common)

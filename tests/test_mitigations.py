@@ -183,7 +183,7 @@ def test_kl_anchor_puts_each_roles_beta_into_its_loss(tmp_path, warm_model_dir):
 
 def test_role_count_scaling_in_a_real_run_slows_the_voter_adapter_to_one_instances_pace(tmp_path, warm_model_dir):
     common = ("topology=voting", "sharing=ip", "steps=6", "val_every=100", "samples_every=0",
-              "algo.ppo_mini_batch_size=2", "wandb.enabled=false", "report=false")
+              "algo.ppo_mini_batch_size=2", "algo.balance_batch=false", "wandb.enabled=false", "report=false")
     plain = _metrics(tmp_path, *common)
     scaled = _metrics(tmp_path, *common, "mitigation=role_count_scaling")
     assert all(m["policy/voter/optimizer_steps"] == 12 for m in plain)

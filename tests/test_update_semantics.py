@@ -147,11 +147,13 @@ def test_the_studys_off_policy_diagnostics_match_a_hand_computed_example():
     log_prob = torch.tensor([[-0.5, -1.5, 0.0], [-2.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     add_offpolicy(sums, "voter", log_prob, mask, [[-1.0, -1.0], None])
-    sums["tokens"]["voter"], sums["ratio"]["voter"], sums["ratio_sq"]["voter"] = 3.0, 3.0, 3.0
+    ratios = [1.0, 1.0 + 2e-3, 1.0 - 2e-3]  # a ratio spread far below float32's resolution of sum(r^2)
+    sums["tokens"]["voter"], sums["ratio"]["voter"] = 3.0, sum(ratios)
+    sums["ratio_dev_sq"]["voter"] = sum((r - 1.0) ** 2 for r in ratios)
     result = UpdateResult(0.0, {}, {}, {})
     finish_update(result, {}, {}, sums)
     got = result.role_extra["voter"]
     assert math.isclose(got["training_ppl"], (math.exp(1.0) + math.exp(2.0)) / 2)
     assert math.isclose(got["ppl_ratio"], math.exp(-1.0 - (-1.0)))  # mean log-probs equal: ratio 1
     assert math.isclose(got["chi2_token"], (math.exp(0.5) ** 2 + math.exp(-0.5) ** 2) / 2 - 1)
-    assert got["ratio_std"] == 0.0
+    assert math.isclose(got["ratio_std"], math.sqrt(8e-6 / 3), rel_tol=1e-6)

@@ -187,9 +187,9 @@ def finish_update(result: UpdateResult, plan: Dict[str, List[MiniBatch]], role_l
         result.kl = per_token("kl")
     extra: Dict[str, Dict[str, float]] = defaultdict(dict)
     for role in tokens:
-        if sums.get("ratio_sq") and tokens[role]:
-            mean_ratio = sums["ratio"][role] / tokens[role]
-            extra[role]["ratio_std"] = math.sqrt(max(sums["ratio_sq"][role] / tokens[role] - mean_ratio ** 2, 0.0))
+        if sums.get("ratio_dev_sq") and tokens[role]:  # about 1: deviations from 1 keep float32 sums exact enough
+            mean_dev = sums["ratio"][role] / tokens[role] - 1.0
+            extra[role]["ratio_std"] = math.sqrt(max(sums["ratio_dev_sq"][role] / tokens[role] - mean_dev ** 2, 0.0))
         if sums.get("seqs") and sums["seqs"].get(role):
             extra[role]["training_ppl"] = sums["training_ppl"][role] / sums["seqs"][role]
         if sums.get("rollout_seqs") and sums["rollout_seqs"].get(role):
@@ -198,7 +198,7 @@ def finish_update(result: UpdateResult, plan: Dict[str, List[MiniBatch]], role_l
     result.role_extra = dict(extra)
 
 
-STAT_SUMS = ("entropy", "kl", "tokens", "clipped", "ratio", "ratio_sq", "seqs", "training_ppl", "rollout_seqs",
+STAT_SUMS = ("entropy", "kl", "tokens", "clipped", "ratio", "ratio_dev_sq", "seqs", "training_ppl", "rollout_seqs",
              "ppl_ratio", "rollout_tokens", "chi2")
 OFFPOLICY_BOUND = 20.0  # verl's SAFETY_BOUND on the log-ratio (trainer/ppo/rollout_corr_helper.py)
 

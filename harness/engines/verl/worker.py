@@ -28,6 +28,7 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 
 from harness.algo.loss import BatchNorm, aggregate, kl_to_reference, ppo_clip_loss
 from harness.config import kl_beta
+from harness.engines.base import STAT_SUMS, add_offpolicy
 from harness.engines.verl.batch import shard_rows
 
 Slot = Tuple[str, int]
@@ -123,9 +124,22 @@ class PolicyWorker(HarnessWorker):
         self._stats["tokens"][role] += float(mask.sum())
         self._stats["clipped"][role] += float((policy_loss.clipped * mask).sum())
         self._stats["ratio"][role] += float((policy_loss.ratio * mask).sum())
+        self._stats["ratio_dev_sq"][role] += float(((policy_loss.ratio.detach() - 1.0) ** 2 * mask).sum())
+        add_offpolicy(self._stats, role, log_prob.detach(), mask, self._sampled(data))
         loss = aggregate(loss_mat, mask, h["loss_agg"], self._norm, role)
         self._round_loss[role] += float(loss.detach())
         return loss * self.engine.get_data_parallel_size(), {}
+
+    @staticmethod
+    def _sampled(data) -> List[Optional[List[float]]]:
+        """Each row's sampler log-probs (None where the sampler gave none), as the local engine's turns hold them."""
+        if "rollout_mask" not in data.keys():
+            return [None] * int(data.batch_size[0])
+        padded = data.select("rollout_log_probs", "rollout_mask").to_padded_tensor()
+        rows = []
+        for values, known in zip(padded["rollout_log_probs"], padded["rollout_mask"].bool()):
+            rows.append(values[known].tolist() if bool(known.any()) else None)
+        return rows
 
     def _log_probs(self, data, adapter: bool) -> torch.Tensor:
         """Per-token log-probs of the current weights (adapter on: verl's compute_log_prob) or of the
@@ -168,7 +182,7 @@ class PolicyWorker(HarnessWorker):
                     data["ref_log_prob"] = self._log_probs(data, adapter=False)
                 prepared.append((slot, data))
             self._minibatches.append((norm, prepared))
-        self._stats = {k: defaultdict(float) for k in ("entropy", "kl", "tokens", "clipped", "ratio")}
+        self._stats = {k: defaultdict(float) for k in STAT_SUMS if k != "kl" or want_kl}  # kl: on measured steps
         self._drift_before = self._distance(self._trainable())
 
     def _add_probs_diff(self, data) -> None:
@@ -245,7 +259,7 @@ class PolicyWorker(HarnessWorker):
         drift = self._distance(params)
         stats = {}
         for kind, values in self._stats.items():
-            roles = sorted(values)
+            roles = sorted(set(values) | set(self._stats["tokens"]))  # the same list on every rank
             reduced = self._all_sum(torch.tensor([values[r] for r in roles], dtype=torch.float64)).tolist()
             stats[kind] = dict(zip(roles, reduced))
         self._minibatches = []

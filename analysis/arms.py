@@ -135,10 +135,12 @@ class Comparison:
     def row(self) -> dict:
         return {"arm": self.arm, "against": self.reference, "pairs": self.accuracy.cells,
                 "failed after the branch (paired, not failed before it)": self.failures.text(),
-                "failures": worded(self.failures.p, f"{self.arm} fails less often than {self.reference}")
+                "failures": worded(self.failures.p, f"{self.arm} fails less often than {self.reference}",
+                                   holds=self.failures.difference < 0)
                 if self.failures.cells else "no testable pair",
                 "final accuracy, arm - reference": self.accuracy.text(),
-                "accuracy": worded(self.accuracy.sign_p, f"{self.arm} ends more accurate than {self.reference}")
+                "accuracy": worded(self.accuracy.sign_p, f"{self.arm} ends more accurate than {self.reference}",
+                                   holds=self.accuracy.higher > self.accuracy.lower)
                 if self.accuracy.cells else "no pair",
                 "change of the update vs none": "–" if self.update_change is None else f"{self.update_change:.0%}"}
 
@@ -161,3 +163,46 @@ def compare(rows: List[dict], arm: str, reference: str = "none", same_start: boo
                       compare_values([_float(p.arm.get("final_accuracy")) for p in found],
                                      [_float(p.reference.get("final_accuracy")) for p in found]),
                       fmean(changes) if changes else None, len(testable))
+
+
+def comparisons(rows: List[dict]) -> List[dict]:
+    """Per alert kind, every arm against `none`, the matched against the control, and the sham against
+    the matched (from the alert's step on): paired tests, worded by their p."""
+    found = []
+    for kind in sorted({r["alert_kind"] or "(a step)" for r in rows}):
+        mine = [r for r in rows if (r["alert_kind"] or "(a step)") == kind]
+        labels = {r["arm"] for r in mine}
+        wanted = [(a, "none", True, "branch") for a in sorted(labels - {"none", "sham"})]
+        if {"matched", "control"} <= labels:
+            wanted.append(("matched", "control", True, "branch"))
+        if {"sham", "matched"} <= labels:
+            wanted.append(("sham", "matched", False, "alert"))
+        for arm, reference, same_start, since in wanted:
+            found.append({"alert kind": kind, **compare(mine, arm, reference, same_start, since).row()})
+    return found
+
+
+def action_comparisons(rows: List[dict]) -> List[dict]:
+    """Cells of a sweep with an `action` axis (one row each: sharing, seed, action, failed_at,
+    final_accuracy): per sharing mode, every action against `alert` on the same seeds, failures over
+    the whole run (McNemar exact) and final accuracy (sign test)."""
+    by: Dict[tuple, Dict[int, dict]] = {}
+    for row in rows:
+        by.setdefault((row["sharing"], row["action"]), {})[int(row["seed"])] = row
+    found = []
+    for (sharing, action), runs in sorted(by.items()):
+        if action == "alert":
+            continue
+        reference = by.get((sharing, "alert"), {})
+        seeds = sorted(set(runs) & set(reference))
+        failures = compare_failures([_int(runs[s].get("failed_at")) is not None for s in seeds],
+                                    [_int(reference[s].get("failed_at")) is not None for s in seeds])
+        accuracy = compare_values([_float(runs[s].get("final_accuracy")) for s in seeds],
+                                  [_float(reference[s].get("final_accuracy")) for s in seeds])
+        found.append({"sharing": sharing, "action": action, "against": "alert", "seeds": len(seeds),
+                      "failed (paired)": failures.text(),
+                      "failures": worded(failures.p, f"{action} fails less often than alert", holds=failures.difference < 0),
+                      "final accuracy, action - alert": accuracy.text(),
+                      "accuracy": worded(accuracy.sign_p, f"{action} ends more accurate than alert",
+                                          holds=accuracy.higher > accuracy.lower)})
+    return found

@@ -127,8 +127,11 @@ def compare_values(arm: Sequence[Optional[float]], reference: Sequence[Optional[
                           binomial_two_sided(min(higher, lower), higher + lower), wilcoxon_p)
 
 
-def worded(p: float, claim: str, alpha: float = ALPHA) -> str:
-    """'shown: <claim> (p = 0.012)' or 'not shown: <claim> (p = 0.130)': the words follow the test."""
+def worded(p: float, claim: str, alpha: float = ALPHA, holds: bool = True) -> str:
+    """'shown: <claim> (p = 0.012)' or 'not shown: <claim> (p = 0.130)': the words follow the test.
+    `holds`: the data lean the claim's way; a significant result the other way is 'the opposite shown'."""
     if p is None or math.isnan(p):
         return f"not testable: {claim}"
+    if p < alpha and not holds:
+        return f"the opposite shown: not {claim} (p = {p:.3f})"
     return f"{'shown' if p < alpha else 'not shown'}: {claim} (p = {p:.3f})"

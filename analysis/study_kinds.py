@@ -123,6 +123,11 @@ def render_detector_validation(study: Study, rows: List[dict]) -> Dict[str, str]
                                                  "config-only J", "difference", "95% CI (bootstrap)", "verdict"]) + \
         "\n\n" + BOOTSTRAP_NOTE
     verdicts = versus.set_index("detector")["verdict"].to_dict()
+    blocks["headline"] = (
+        f"on held-out seeds {seed_ranges(sorted({r.seed for r in on_mixed if r.seed is not None}))} "
+        f"({len(on_mixed)} cells of the mixed settings {', '.join(sorted(mixed)) or '(none)'}), "
+        + "; ".join(f"{name}: {verdict}" for name, verdict in verdicts.items())
+        + f" ([all tables](studies/{study.name}/results.md)).")
     lines = []
     for hypothesis in study.data.get("hypotheses", []):
         warning = hypothesis.get("warning")
@@ -144,3 +149,130 @@ def render_detector_validation(study: Study, rows: List[dict]) -> Dict[str, str]
 
 
 register("detector_validation", collect_detector_validation, render_detector_validation)
+
+
+# ------------------------------------------------------------------ interventions and diagnoses (branched arms)
+ARM_COLUMNS = ("parent", "start", "arm", "mitigation", "mechanism", "resample", "point", "alert_kind", "alert_step",
+               "sham", "failed_at", "failed_before", "final_accuracy", "state", "update_sizes", "sharing", "seed",
+               "setting")
+
+
+def _arm_rows(study: Study, root: Path) -> List[dict]:
+    from analysis.arms import collect_arms
+
+    runs = study.data.get("runs") or {}
+    if "arms" not in runs:
+        raise StudyError(f"study {study.name}: runs.arms (the arms' sweep folder under the runs root) is not set")
+    arms = collect_arms(root / runs["arms"])
+    declared = set(study.seeds("held_out"))
+    stray = sorted({int(r["seed"]) for r in arms if r.get("seed") is not None} - declared)
+    if stray:
+        raise StudyError(f"study {study.name}: {root / runs['arms']} holds arms of seeds {stray[:5]} its seeds do not list")
+    return [{"split": "arm", **{k: row.get(k, "") for k in ARM_COLUMNS}} for row in arms]
+
+
+def _truthy(value) -> bool:
+    return str(value).lower() in ("true", "1")
+
+
+def _typed_arms(rows: List[dict]) -> List[dict]:
+    """Rows read back from outcomes.csv with the types analysis/arms.py reads."""
+    out = []
+    for row in rows:
+        if row.get("split") != "arm":
+            continue
+        typed = dict(row)
+        typed["start"], typed["resample"] = int(row["start"]), int(row.get("resample") or 0)
+        typed["sham"] = _truthy(row.get("sham"))
+        out.append(typed)
+    return out
+
+
+def collect_interventions(study: Study, root: Path) -> List[dict]:
+    """The arms branched from the base sweep, and the base sweep's cells by action (alert, mitigate)."""
+    from reports.interventions import base_rows
+
+    runs = study.data.get("runs") or {}
+    rows = _arm_rows(study, root)
+    if "base" in runs:
+        rows += [{"split": "base", **row} for row in base_rows(root / runs["base"])]
+    if not rows:
+        raise StudyError(f"study {study.name}: no ended arms or cells under {root}")
+    return rows
+
+
+def _hypothesis_lines(study: Study, verdicts: Dict[tuple, str]) -> str:
+    lines = []
+    for h in study.data.get("hypotheses", []):
+        key = (tuple(h.get("compare", [])), h.get("measure", "failures"))
+        lines.append(f"- **{h['id']}** ({h['claim'].strip()}): {verdicts.get(key, 'not testable here (no pairs)')}.")
+    return "\n".join(lines) or "(no hypotheses)"
+
+
+def render_interventions(study: Study, rows: List[dict]) -> Dict[str, str]:
+    from analysis.arms import action_comparisons, comparisons
+
+    arms = _typed_arms(rows)
+    found = comparisons(arms)
+    actions = action_comparisons([r for r in rows if r.get("split") == "base"])
+    verdicts: Dict[tuple, str] = {}
+    for row in found:  # the first alert kind listed that has the pair
+        verdicts.setdefault(((row["arm"], row["against"]), "failures"), f"{row['failures']}; {row['failed after the branch (paired, not failed before it)']}")
+        verdicts.setdefault(((row["arm"], row["against"]), "accuracy"), f"{row['accuracy']}; {row['final accuracy, arm - reference']}")
+    for row in actions:
+        verdicts.setdefault(((row["action"], "alert"), "failures"), f"{row['sharing']}: {row['failures']}; {row['failed (paired)']}")
+    blocks = {
+        "comparisons": to_markdown(pd.DataFrame(found)) if found else "(no branched arms)",
+        "actions": to_markdown(pd.DataFrame(actions)) if actions else "(no action axis)",
+        "hypotheses": _hypothesis_lines(study, verdicts),
+    }
+    return blocks
+
+
+def collect_diagnosis(study: Study, root: Path) -> List[dict]:
+    """The diagnosis arms (resampled none and mechanism arms), with the failure each branched before."""
+    rows = _arm_rows(study, root)
+    arms_root = root / study.data["runs"]["arms"]
+    for row in rows:
+        name = f"{row['parent']}@{row['start']}+{row['arm']}~r{row['resample']}"
+        branch = json.loads((arms_root / name / "branch.json").read_text()) if (arms_root / name / "branch.json").is_file() else {}
+        failure = branch.get("failure") or {}
+        row["failure_kind"], row["failure_step"] = failure.get("kind", ""), failure.get("step", "")
+    if not rows:
+        raise StudyError(f"study {study.name}: no ended arms under {arms_root}")
+    return rows
+
+
+def render_diagnosis(study: Study, rows: List[dict]) -> Dict[str, str]:
+    from analysis.diagnosis import mechanism_tests, point_verdict, pooled_failures
+
+    arms = _typed_arms(rows)
+    lines = []
+    for (parent, start) in sorted({(r["parent"], r["start"]) for r in arms}):
+        mine = [r for r in arms if (r["parent"], r["start"]) == (parent, start)]
+        failure = {"kind": mine[0].get("failure_kind") or "failure", "step": mine[0].get("failure_step") or "?"}
+        lines.append(f"- `{parent}` ({mine[0].get('sharing')}): {point_verdict(mine, failure)['line']}")
+    tests = []
+    listed = study.data.get("mechanisms") or {}
+    for sharing, mechanisms in listed.items():
+        for mechanism in mechanisms:
+            if mechanism == "slow_down":
+                continue
+            found = mechanism_tests(arms, sharing, mechanism)
+            tests.append({"sharing": sharing, "mechanism": mechanism, "runs": found["vs_none"]["runs"],
+                          "saved more / less than none": f"{found['vs_none']['saved_more']} / {found['vs_none']['saved_less']}",
+                          "p vs none": f"{found['vs_none']['p']:.3f}",
+                          "saved more / less than slow_down": f"{found['vs_slow_down']['saved_more']} / {found['vs_slow_down']['saved_less']}",
+                          "p vs slow_down": f"{found['vs_slow_down']['p']:.3f}",
+                          "pooled pairs": pooled_failures(arms, sharing, mechanism), "verdict": found["words"]})
+    verdicts = {(t["sharing"], t["mechanism"]): t["verdict"] for t in tests}
+    hypotheses = [f"- **{h['id']}** ({h['claim'].strip()}): "
+                  f"{verdicts.get((h.get('sharing'), h.get('mechanism')), 'not testable here (no failed cell diagnosed)')}."
+                  for h in study.data.get("hypotheses", [])]
+    return {"verdicts": "\n".join(lines) or "(no diagnosed run)",
+            "mechanisms": to_markdown(pd.DataFrame(tests)) if tests else "(no mechanism tested)",
+            "hypotheses": "\n".join(hypotheses) or "(no hypotheses)"}
+
+
+register("interventions", collect_interventions, render_interventions)
+register("diagnosis", collect_diagnosis, render_diagnosis)

@@ -6,6 +6,11 @@
                     intervene.arms=[none,matched,control], intervene.at=first-alert|<step>, intervene.kind=<kind>,
                     intervene.sham=true: also the matched mitigation at another cell's alert step),
                     run them as cells of <sweep>-interventions, then write the intervention report
+    action=diagnose  branch every failed multi-agent cell before its failure into one arm per mechanism
+                    removed, each on diagnose.resamples rollout streams beside resampled none arms
+                    (harness.diagnose; diagnose.at=[label-15], diagnose.mechanisms, diagnose.limit), run them
+                    as cells of <sweep>-diagnosis, then write each run's diagnosis.json; with dry_run=true the
+                    plan and its cost in cell-steps
     dry_run=true    print the cells with their resources, GPU-hours reserved and checks; submit nothing
 
 Every axis can be overridden: `sweep.axes.seed=[0,1,2]`, `sweep.axes.topology=[voting,flows/my_flow.yaml]`
@@ -21,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from omegaconf import DictConfig
 
@@ -32,7 +37,7 @@ from grid.expand import CONF_DIR, GridError, check_cells, choices, expand, table
 from grid.gpu_estimate import estimate_line, load_measurement  # noqa: E402
 
 EXIT_BAD_INPUT = 2
-ACTIONS = ("launch", "status", "intervene")
+ACTIONS = ("launch", "status", "intervene", "diagnose")
 GROUPS = ("sweep", "launcher", "cluster")  # config groups: sweep=<name> picks grid/conf/sweep/<name>.yaml
 LAUNCH_RECORD = "launch.json"  # the overrides a sweep was launched with, beside its cells
 
@@ -49,14 +54,26 @@ class InterveneOptions:
 
 
 @dataclass
+class DiagnoseOptions:
+    """action=diagnose: where each failed cell is branched and which mechanisms its arms remove."""
+
+    at: List[str] = field(default_factory=lambda: ["label-15"])
+    mechanisms: Any = None  # every registered one that applies; a list; or sharing -> list
+    resamples: int = 6
+    margin: int = 20
+    limit: Optional[int] = None  # failed cells per sharing mode, in seed order
+
+
+@dataclass
 class LaunchOptions:
     """The launcher's own options, typed like a cell's config (grid/conf/launch.yaml sets them)."""
 
-    action: str = "launch"  # launch | status | intervene
+    action: str = "launch"  # launch | status | intervene | diagnose
     dry_run: bool = False
     root: str = "runs"
     wait: bool = False
     intervene: InterveneOptions = field(default_factory=InterveneOptions)
+    diagnose: DiagnoseOptions = field(default_factory=DiagnoseOptions)
 
 
 def check_launch_overrides(overrides: Sequence[str]) -> None:
@@ -67,9 +84,19 @@ def check_launch_overrides(overrides: Sequence[str]) -> None:
         parsed = parse_habits(overrides, LIST_HINT)
     except OverrideError as exc:
         raise GridError(str(exc)) from None
+    from harness.cli_overrides import closest_dotted, is_schema_key
+    from harness.config import CellConfig
+
     known = [f.name for f in fields(LaunchOptions)] + list(GROUPS)
     for override in parsed:
         top = override.key_or_group.split(".")[0].split("@")[0]
+        if top not in known and top != "hydra" and is_schema_key(override.key_or_group, CellConfig):
+            raise GridError(f"'{override.key_or_group}' is a cell setting: write sweep.cell.{override.input_line.lstrip('+~')} "
+                            f"(every cell of the sweep) or put it on an axis")
+        cell_key = override.key_or_group[len("sweep.cell."):] if override.key_or_group.startswith("sweep.cell.") else None
+        if cell_key and not is_schema_key(cell_key, CellConfig):
+            raise GridError(f"unknown cell key '{cell_key}' in sweep.cell.{cell_key}{closest_dotted(cell_key, CellConfig)} "
+                            f"(every key: python -m harness.run --help)")
         if top not in known and top != "hydra":
             raise GridError(f"unknown launch option '{top}'{close_keys(top, known)} (valid: "
                             f"{', '.join(f.name for f in fields(LaunchOptions))}; {', '.join(g + '=<name>' for g in GROUPS)}; "
@@ -85,8 +112,9 @@ def typed_options(cfg: DictConfig) -> LaunchOptions:
     try:
         options = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(LaunchOptions), values))
     except (OmegaConfBaseException, ValueError) as exc:
-        key = getattr(exc, "key", None) or "an option"
-        raise GridError(f"{key}: {str(exc).splitlines()[0]} (dry_run and wait take true or false)") from None
+        key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or "an option"
+        hint = " (dry_run and wait take true or false)" if key in ("dry_run", "wait") else ""
+        raise GridError(f"{key}: {str(exc).splitlines()[0]}{hint}") from None
     if options.action not in ACTIONS:
         raise GridError(f"unknown action '{options.action}'; valid choices: {', '.join(ACTIONS)}")
     return options
@@ -100,6 +128,8 @@ def compose(overrides: Sequence[str]) -> DictConfig:
     import yaml
 
     check_launch_overrides(overrides)
+    # any key of a cell is a setting of sweep.cell, whether or not the sweep's file sets it: no `+` needed
+    overrides = [f"++{o}" if o.startswith("sweep.cell.") else o for o in overrides]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             cfg = hydra_compose(config_name="launch", overrides=list(overrides))
@@ -284,6 +314,85 @@ def intervene(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> in
     return code
 
 
+def diagnosis_mechanisms(cfg: DictConfig, sharing: str) -> Optional[List[str]]:
+    """diagnose.mechanisms: null (every registered one that applies), a list, or sharing -> list."""
+    from omegaconf import OmegaConf
+
+    chosen = cfg.diagnose.mechanisms
+    if chosen is None:
+        return None
+    if OmegaConf.is_dict(chosen):
+        return [str(m) for m in chosen.get(sharing, [])] if sharing in chosen else None
+    return [str(m) for m in chosen]
+
+
+def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int:
+    """Branch every failed multi-agent cell of the sweep before its failure (harness.diagnose) and
+    launch the arms as the cells of `<sweep>-diagnosis`; then each run's verdict (diagnosis.json).
+    diagnose.limit: at most that many failed cells per sharing mode, in seed order (a study's budget).
+    With dry_run=true: the plan and its cost, nothing written."""
+    from omegaconf import OmegaConf
+
+    from grid.expand import Cell
+    from grid.submit import read_status
+    from harness.config import ConfigError
+    from harness.diagnose import describe, diagnosis_sweep, plan, seed, write_verdict
+    from harness.mechanisms import mechanism_named
+
+    for sharing in {c.axes.get("sharing") for c in cells if not c.is_baseline}:
+        for name in diagnosis_mechanisms(cfg, str(sharing)) or []:
+            try:
+                mechanism_named(name)
+            except ConfigError as exc:
+                raise GridError(f"diagnose.mechanisms: {exc}") from None
+    if int(cfg.diagnose.resamples) < 1:
+        raise GridError(f"diagnose.resamples must be >= 1, got {cfg.diagnose.resamples}")
+    sweep_dir = Path(cfg.root) / cfg.sweep.name
+    taken: dict = {}
+    planned = []
+    for cell in sorted((c for c in cells if not c.is_baseline), key=lambda c: (c.axes.get("seed", 0), c.cell_id)):
+        run = sweep_dir / cell.cell_id
+        state = (read_status(run) or {}).get("state")
+        if state not in ("finished", "stopped_early"):
+            out(f"skip {cell.cell_id}: {state or 'not run'}, not ended")
+            continue
+        sharing = str(cell.axes.get("sharing"))
+        if cfg.diagnose.limit is not None and taken.get(sharing, 0) >= int(cfg.diagnose.limit):
+            continue
+        try:
+            arms = plan(run, [str(p) for p in cfg.diagnose.at], diagnosis_mechanisms(cfg, sharing),
+                        int(cfg.diagnose.resamples), int(cfg.diagnose.margin), strict=False)
+        except ConfigError as exc:
+            out(f"skip {cell.cell_id}: {exc}")
+            continue
+        if arms[0].failure is None:  # an alert but no failure: nothing a diagnosis can explain
+            out(f"skip {cell.cell_id}: no failure label")
+            continue
+        taken[sharing] = taken.get(sharing, 0) + 1
+        planned.append((cell, run, arms))
+        out(f"{cell.cell_id}: {describe(arms)}".replace("\n", "\n  "))
+    if not planned:
+        out(f"nothing to diagnose in {sweep_dir}: no ended cell with a failure label")
+        return 0
+    total = sum(a.cost for _, _, arms in planned for a in arms)
+    out(f"{len(planned)} failed cells, {sum(len(arms) for _, _, arms in planned)} arms, {total} cell-steps")
+    if cfg.dry_run:
+        out("dry run: nothing written")
+        return 0
+    for _, _, arms in planned:
+        seed(arms)
+    cells_out = [Cell(arm.cfg.cell_id, dict(cell.axes), OmegaConf.to_container(OmegaConf.structured(arm.cfg)),
+                      cell.resources) for cell, _, arms in planned for arm in arms]
+    arms_cfg = OmegaConf.merge(cfg, {"sweep": {"name": diagnosis_sweep(cfg.sweep.name)}})
+    code = launch(cells_out, arms_cfg, argv, out)
+    if arms_cfg.launcher.name != "slurm" or cfg.get("wait"):
+        for _, run, _ in planned:
+            verdict = json.loads(write_verdict(run).read_text())
+            for line in verdict["lines"]:
+                out(f"{run.name}: {line}")
+    return code
+
+
 def sweep_report(sweep_dir: Path, out) -> None:
     try:
         from reports.sweep_report import build_sweep_report
@@ -332,6 +441,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if cfg.action == "status":
             cfg = compose_as_launched(cfg, argv)
         cells = expand(cfg.sweep, cfg.cluster, cfg.root)
+        if cfg.action == "diagnose":  # its dry run is the arms' plan, not the sweep's
+            return diagnose(cells, cfg, argv)
         if cfg.dry_run:
             invalid = check_cells(cells, strict=False)
             print(table(cells))

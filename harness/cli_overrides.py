@@ -99,3 +99,43 @@ def _check_new_key(root: DictConfig, key: str) -> None:
             raise OverrideError(f"+{key}: the config has no key '{part}'{' under ' + where if where else ''}"
                                 f"{close_keys(part, valid, where + '.' if where else '')} (valid keys{' of ' + where if where else ''}: {', '.join(valid)})")
         node = node._get_node(part)
+
+
+def dotted_keys(node: DictConfig, prefix: str = "") -> List[str]:
+    """Every key of a structured config as a dotted path (free-form dicts: the dict itself, not its keys)."""
+    paths = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        paths.append(path)
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and OmegaConf.get_type(child) is not dict:
+            paths += dotted_keys(child, path + ".")
+    return paths
+
+
+def closest_dotted(key: str, schema) -> str:
+    """"; did you mean algo.lr?" for `lr` or `algo.lrr`: the schema's dotted keys whose last part is
+    (close to) the key's last part, else whose whole path is close; else ""."""
+    paths = dotted_keys(OmegaConf.structured(schema))
+    last = key.rsplit(".", 1)[-1]
+    exact = [p for p in paths if p.rsplit(".", 1)[-1] == last and p != key]
+    if exact:
+        return f"; did you mean {', '.join(exact[:3])}?"
+    whole = difflib.get_close_matches(key, paths, n=3, cutoff=0.75)
+    if whole:
+        return f"; did you mean {', '.join(whole)}?"
+    lasts = difflib.get_close_matches(last, sorted({p.rsplit('.', 1)[-1] for p in paths}), n=2, cutoff=0.75)
+    near = [p for p in paths if p.rsplit(".", 1)[-1] in lasts]
+    return f"; did you mean {', '.join(near[:3])}?" if near else ""
+
+
+def is_schema_key(key: str, schema) -> bool:
+    """`key` (dotted) names a key of the schema, or lies under one of its free-form dicts."""
+    node = OmegaConf.structured(schema)
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or OmegaConf.get_type(node) is dict:
+            return True
+        if part not in node:
+            return False
+        node = node._get_node(part)
+    return True

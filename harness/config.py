@@ -74,6 +74,9 @@ class SharingConfig:
     # custom mode: policy id -> members, each "role" or "role:instance"
     groups: Dict[str, List[str]] = field(default_factory=dict)
     full_finetune: bool = False  # sp only: train all base parameters instead of one adapter
+    # a run branched into more policies than its parent had (harness.diagnose's un-sharing arms): new policy ->
+    # the parent's policy whose adapter, starting point and optimizer state it copies at the branch
+    split_from: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,6 +148,7 @@ class AlgoConfig:
     lr_spike_factor: float = 1.0
     lr_spike_start: int = 0
     lr_spike_steps: int = 0
+    frozen_policies: List[str] = field(default_factory=list)  # policies that sample but never step (harness.diagnose)
     kl_coef: float = 0.0  # > 0: KL to the base model (adapter disabled)
     kl_coef_per_role: Dict[str, float] = field(default_factory=dict)  # a role's own beta (else kl_coef)
     adv_estimator: str = "grpo"  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)
@@ -163,7 +167,7 @@ class AlgoConfig:
     shared_prompt_forward: bool = True  # local engine: each distinct prompt runs once in the update (exact)
 
 
-REWARD_TERMS = ("node", "turn", "traj", "length")  # RewardConfig's weights, by name
+REWARD_TERMS = ("node", "turn", "traj", "length", "length_hold", "length_target")  # RewardConfig's weights, by name
 
 
 @dataclass
@@ -174,6 +178,10 @@ class RewardConfig:
     turn: float = 0.0  # the turn's output honours its role's contract
     traj: float = 1.0  # final outcome, copied to every turn
     length: float = 0.0  # per response token (used to provoke length drift on purpose)
+    # r -= length_hold x |tokens - length_target|: a role held to a length (harness.diagnose's hold_length arm sets
+    # both per role, the target at the role's own early mean length)
+    length_hold: float = 0.0
+    length_target: float = 0.0
     per_role: Dict[str, Dict[str, float]] = field(default_factory=dict)
     gamma: float = 1.0  # UnityMAS-O's discount: the turn at workflow step t (its graph stage, 1-based) counts gamma^(t-1)
     # full: the outcome on every turn; last: on the last stage's turns; split: divided among the roles, then
@@ -444,6 +452,9 @@ class CellConfig:
     scale: str = "tiny-m"
     engine: str = "local"
     seed: int = 0
+    # the rollout random stream: 0 is the run's own; j > 0 draws the same problems with other samples
+    # (harness.diagnose's resampled arms: how often the same state fails by chance)
+    resample: int = 0
     steps: int = 100
     root: str = "runs"
     sweep: str = "default"

@@ -71,7 +71,9 @@ class Controller:
             self.critic.load(directory)
 
     def _seed(self, step: int, salt: int = 0) -> None:
-        torch.manual_seed((self.cfg.seed * 1_000_003 + step) * 7 + salt)
+        base = (self.cfg.seed * 1_000_003 + step) * 7 + salt
+        # a resampled stream (cfg.resample j > 0): the same problems, other samples; 0 is the run's own
+        torch.manual_seed(base if not self.cfg.resample else base + 104_729 * self.cfg.resample * 1_000_003 ** 2)
 
     def problems_for(self, step: int) -> List[Problem]:
         rng = random.Random(f"{self.cfg.seed}:{step}")

@@ -124,9 +124,9 @@ def interventions_sweep(sweep: str) -> str:
 
 
 def arm_config(parent: CellConfig, run: Path, branch: Branch, label: str, mitigation: str,
-               steps: Optional[int]) -> CellConfig:
-    """The parent's config with the arm's mitigation added, its own id, in the parent's sweep folder;
-    validated as any cell is."""
+               steps: Optional[int], sweep: Optional[str] = None, edit=None) -> CellConfig:
+    """The parent's config with the arm's mitigation added (and `edit(values)`'s changes), its own id,
+    in the arms' sweep folder (`<sweep>-interventions` unless `sweep`); validated as any cell is."""
     from omegaconf import OmegaConf
 
     from harness.mitigations import mitigation_names
@@ -136,9 +136,12 @@ def arm_config(parent: CellConfig, run: Path, branch: Branch, label: str, mitiga
     own = [n for n in mitigation_names(parent.mitigation) if n != "none"]
     added = [n for n in mitigation_names(mitigation) if n != "none" and n not in own]
     values.update(cell_id=f"{parent.cell_id}@{branch.start}+{label}", mitigation="+".join(own + added) or "none",
-                  root=str(run.parent.parent), sweep=interventions_sweep(run.parent.name), steps=steps or parent.steps)
+                  root=str(run.parent.parent), sweep=sweep or interventions_sweep(run.parent.name),
+                  steps=steps or parent.steps)
     if values["steps"] <= branch.start:
         raise ConfigError(f"--steps {values['steps']} ends before the branch point (step {branch.start})")
+    if edit is not None:
+        edit(values)
     return config_from_dict(values)
 
 

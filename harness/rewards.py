@@ -95,6 +95,7 @@ def assign_rewards(episode: Episode, cfg: RewardConfig, adv_estimator: str = "gr
             w = weights_for(cfg, turn.role)
             node = outcome if turn.role_correct is None else float(turn.role_correct)
             rewards.append(w["node"] * node + w["turn"] * float(not turn.malformed) + w["traj"] * outcome * share
-                           + w["length"] * len(turn.response_ids))
+                           + w["length"] * len(turn.response_ids)
+                           - w["length_hold"] * abs(len(turn.response_ids) - w["length_target"]))
     for turn, reward in zip(episode.turns, rewards):
         turn.reward = reward * cfg.gamma ** turn.depth

@@ -150,6 +150,8 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
             log(f"checkpoint {checkpoint.name} predates the record of steps left waiting for the paired run: "
                 f"steps before {start} that waited for it may stay unjudged (alerts.jsonl keeps what was judged live)")
         log(f"resuming {cfg.cell_id} from step {start}")
+    if hasattr(engine, "apply_split"):  # a branch that un-shares policies: split now if the load did not
+        engine.apply_split()
     run_dir.truncate_from(start)
     for skipped in resume.skipped:  # after the truncation, so the record survives it
         run_dir.append("alerts.jsonl", {"step": start, "kind": "checkpoint", "role": None, "policy": None,

@@ -199,11 +199,15 @@ def _override_error(exc: BaseException) -> str:
     if cause:
         lines[0] += f": {cause.splitlines()[0]}"
     match = re.search(r"full_key: (\S+)", cause)
-    if match and " not in " in cause:  # an unknown key: say which keys exist there
-        parent = match.group(1).rpartition(".")[0]
+    if match and " not in " in cause:  # an unknown key: the closest dotted keys, and which keys exist there
+        from harness.cli_overrides import closest_dotted
+
+        full = match.group(1)
+        parent = full.rpartition(".")[0]
         node = OmegaConf.select(OmegaConf.structured(CellConfig), parent) if parent else OmegaConf.structured(CellConfig)
-        if node is not None and hasattr(node, "keys"):
-            lines.append(f"  valid keys{' of ' + parent if parent else ''}: {', '.join(map(str, node.keys()))}")
+        if node is not None and hasattr(node, "keys") and OmegaConf.get_type(node) is not dict:
+            return (f"bad override: unknown key '{full}'{closest_dotted(full, CellConfig)} (valid keys"
+                    f"{' of ' + parent if parent else ''}: {', '.join(map(str, node.keys()))}; every key: --help)")
     lines += [f"  {line}" for line in text[1:] if line.startswith("To append")]  # a new key in a dict
     return "bad override: " + "\n".join(lines)
 
@@ -422,6 +426,12 @@ def validate(cfg: CellConfig) -> None:
         raise ConfigError(f"action=mitigate (monitors.{mitigating[0]}.action) switches a running cell's settings, "
                           f"which only the single-model local engine reads live; use engine=local without models=, "
                           f"or branch the run with python -m harness.intervene")
+    branched = [name for name, value in (("sharing_cfg.split_from", cfg.sharing_cfg.split_from),
+                                         ("algo.frozen_policies", cfg.algo.frozen_policies)) if value]
+    if branched and (cfg.engine != "local" or cfg.models or cfg.algo.adv_estimator != "grpo"):
+        raise ConfigError(f"{branched[0]} (a diagnosis arm) needs engine=local without models= and algo.adv_estimator=grpo")
+    if cfg.resample < 0:
+        raise ConfigError(f"resample must be >= 0 (0: the run's own random stream), got {cfg.resample}")
     if cfg.monitors.collapse.trend_window < 0 or cfg.monitors.collapse.trend_patience < 1:
         raise ConfigError(f"monitors.collapse.trend_window must be >= 0 (0: no early warning) and "
                           f"monitors.collapse.trend_patience >= 1, got {cfg.monitors.collapse.trend_window} and "
@@ -463,7 +473,13 @@ def validate(cfg: CellConfig) -> None:
     _check_budgets(cfg, model_path)
     # the workflow checks its own roles against sharing groups and prompt overrides
     workflow = build_workflow(cfg)
-    PolicyMap.from_config(cfg, workflow.role_instances(), workflow.sharing_maps())
+    policies = PolicyMap.from_config(cfg, workflow.role_instances(), workflow.sharing_maps()).policies
+    for where, named in (("sharing_cfg.split_from", list(cfg.sharing_cfg.split_from)),
+                         ("algo.frozen_policies", list(cfg.algo.frozen_policies))):
+        unknown = sorted(set(named) - set(policies))
+        if unknown:
+            raise ConfigError(f"{where} names {', '.join(unknown)}, not a policy of this cell; its policies: "
+                              f"{', '.join(policies)}")
     if hasattr(workflow, "spec"):  # a graph: every node's template must exist
         templates = {**workflow.templates(), **cfg.workflow.prompts}
         for node in workflow.spec.nodes.values():

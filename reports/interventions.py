@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
-from analysis.arms import collect_arms, compare
+from analysis.arms import action_comparisons, collect_arms, comparisons
 from analysis.labels import label_records
 from analysis.paired import compare_failures, compare_values, worded
 from harness.intervene import interventions_sweep
@@ -99,52 +99,33 @@ def arm_labels(cells: List[Branched]) -> List[str]:
 
 
 def comparison_table(rows: List[dict]) -> pd.DataFrame:
-    """Per alert kind, every arm against `none`, the matched against the control, and the sham against
-    the matched (from the alert's step on): paired tests, worded by their p."""
-    frames = []
-    for kind in sorted({r["alert_kind"] or "(a step)" for r in rows}):
-        mine = [r for r in rows if (r["alert_kind"] or "(a step)") == kind]
-        labels = {r["arm"] for r in mine}
-        wanted = [(a, "none", True, "branch") for a in sorted(labels - {"none", "sham"})]
-        if {"matched", "control"} <= labels:
-            wanted.append(("matched", "control", True, "branch"))
-        if {"sham", "matched"} <= labels:
-            wanted.append(("sham", "matched", False, "alert"))
-        for arm, reference, same_start, since in wanted:
-            found = compare(mine, arm, reference, same_start, since)
-            frames.append({"alert kind": kind, **found.row()})
-    return pd.DataFrame(frames)
+    """Per alert kind, every arm against `none`, the matched against the control, the sham against the
+    matched (analysis/arms.py comparisons), worded by their p."""
+    return pd.DataFrame(comparisons(rows))
 
 
-def action_table(sweep: Path) -> Optional[pd.DataFrame]:
-    """The sweep's `action` axis: per sharing mode, `mitigate` (and `stop`) against `alert` on the same
-    seeds: failures over the whole run (McNemar) and final accuracy (sign test)."""
+def base_rows(sweep: Path) -> List[dict]:
+    """One row per multi-agent cell of a sweep with an `action` axis: its first failure and final accuracy."""
     from harness.config import stored_cell_config
 
-    found: Dict[tuple, Dict[int, Outcome]] = defaultdict(dict)
+    rows = []
     for run in sorted(p for p in sweep.glob("*") if (p / "cell.yaml").is_file()):
         cfg = stored_cell_config(run)
         action = (cfg.extra or {}).get("action")
         if action is None or cfg.topology == "single":
             continue
-        found[(cfg.sharing, str(action))][cfg.seed] = outcome(str(action), cfg.mitigation, run, 0)
-    if not found:
-        return None
-    rows = []
-    for (sharing, action), runs in sorted(found.items()):
-        if action == "alert":
-            continue
-        reference = found.get((sharing, "alert"), {})
-        seeds = sorted(set(runs) & set(reference))
-        failures = compare_failures([runs[s].failed_at is not None for s in seeds],
-                                    [reference[s].failed_at is not None for s in seeds])
-        accuracy = compare_values([runs[s].final_accuracy for s in seeds], [reference[s].final_accuracy for s in seeds])
-        rows.append({"sharing": sharing, "action": action, "against": "alert", "seeds": len(seeds),
-                     "failed (paired)": failures.text(),
-                     "failures": worded(failures.p, f"{action} fails less often than alert"),
-                     "final accuracy, action - alert": accuracy.text(),
-                     "accuracy": worded(accuracy.sign_p, f"{action} ends more accurate than alert")})
-    return pd.DataFrame(rows)
+        found = outcome(str(action), cfg.mitigation, run, 0)
+        rows.append({"cell": run.name, "sharing": cfg.sharing, "seed": cfg.seed, "action": str(action),
+                     "failed_at": "" if found.failed_at is None else found.failed_at,
+                     "final_accuracy": "" if found.final_accuracy is None else f"{found.final_accuracy:.4f}"})
+    return rows
+
+
+def action_table(sweep: Path) -> Optional[pd.DataFrame]:
+    """The sweep's `action` axis: per sharing mode, `mitigate` (and `stop`) against `alert` on the same
+    seeds: failures over the whole run (McNemar) and final accuracy (sign test)."""
+    rows = action_comparisons(base_rows(sweep))
+    return pd.DataFrame(rows) if rows else None
 
 
 def cell_table(cells: List[Branched]) -> pd.DataFrame:

@@ -99,6 +99,17 @@ def validation_text(metrics: pd.DataFrame, task: str) -> str:
     return text
 
 
+def diagnosis_lines(run: Path) -> List[str]:
+    """The counterfactual verdict of `python -m harness.diagnose`, once its arms have run (diagnosis.json)."""
+    found = Path(run) / "diagnosis.json"
+    if not found.is_file():
+        return []
+    try:
+        return [str(line) for line in json.loads(found.read_text()).get("lines", [])]
+    except (json.JSONDecodeError, AttributeError):
+        return [f"diagnosis.json is damaged; re-run python -m harness.diagnose {run}"]
+
+
 def build_run_report(run: Path) -> Path:
     run = Path(run)
     out = run / "report"
@@ -148,7 +159,9 @@ def build_run_report(run: Path) -> Path:
     task_window = window_for(int(metrics["accuracy"].notna().sum())) if "accuracy" in metrics else WINDOW
     turns = sample_turns(load_samples(run))
 
+    diagnosis = diagnosis_lines(run)
     body = [f"<h1>Run report: {esc(cell['cell_id'])}</h1>", f'<p class="verdict"><b>Verdict:</b> {esc(the_verdict)}</p>',
+            *[f'<p class="verdict"><b>Diagnosis:</b> {esc(line)}</p>' for line in diagnosis],
             "<h2>Summary</h2>", kv_table(summary),
             "<h2>Failure labels (what happened: analysis/labels.py)</h2>",
             table(labels) if len(labels) else '<p class="muted">no failure</p>',
@@ -177,7 +190,8 @@ def build_run_report(run: Path) -> Path:
         body.append('<p class="muted">no samples</p>')
     write(out / "index.html", page(f"run {cell['cell_id']}", body))
 
-    md = [f"# Run report: {cell['cell_id']}", "", f"**Verdict:** {the_verdict}", "", "## Summary", ""]
+    md = [f"# Run report: {cell['cell_id']}", "", f"**Verdict:** {the_verdict}", "",
+          *[f"**Diagnosis:** {line}\n" for line in diagnosis], "## Summary", ""]
     md += [f"- **{k}**: {v}" for k, v in [("topology / sharing", f"{cell['topology']} / {cell['sharing']}"),
                                          ("status", f"{cell['state']} at step {cell['step']} of {cell['steps']}"),
                                          (f"validation {headline(str(cell['task']))[1]}", val_text)]]

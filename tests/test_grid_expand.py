@@ -68,6 +68,14 @@ def test_smoke_maps_math_to_the_tiny_task_and_extra_axes_compose():
     assert "engine" not in balanced.overrides and "role_max_new_tokens" not in balanced.overrides.get("workflow", {})
 
 
+def test_any_cell_key_is_a_sweep_cell_setting_without_a_plus():
+    """`sweep.cell.algo.lr=0.01` where the sweep's file sets no algo.lr: set, not 'Key lr is not in struct'."""
+    cfg = compose(["sweep=smoke", "sweep.cell.algo.lr=0.01", "sweep.cell.steps=7"])
+    cells = expand(cfg.sweep, cfg.cluster, "runs")
+    assert all(c.overrides["algo"]["lr"] == 0.01 and c.overrides["steps"] == 7 for c in cells)
+    assert all(c.overrides["algo"]["ppo_mini_batch_size"] == 4 for c in cells)  # the file's own algo key is kept
+
+
 def test_dry_run_prints_42_cells_with_gpu_resources():
     proc = subprocess.run(LAUNCH + ["sweep=full_matrix", "dry_run=true"], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
@@ -125,6 +133,12 @@ def line_gpu_column(lines):
     (["sweep=smoke", "sweep.axes.scale=[huge]"], "unknown scale 'huge'"),
     (["sweep=smoke", "sweep.axes.task=[chess]"], "unknown task 'chess' in the sweep; valid choices: arith, code, math"),
     (["sweep=smoke", "action=restart"], "unknown action 'restart'; valid choices: launch, status"),
+    (["sweep=smoke", "action=diagnose", "diagnose.mechanisms=[boredom]"],
+     "diagnose.mechanisms: unknown mechanism 'boredom'; valid: unshare_instances, role_count_scaling"),
+    (["sweep=smoke", "action=diagnose", "diagnose.resamples=0"], "diagnose.resamples must be >= 1, got 0"),
+    (["sweep=smoke", "action=diagnose", "diagnose.resamples=few"], "diagnose.resamples: Value 'few'"),
+    (["sweep=smoke", "steps=3"], "'steps' is a cell setting: write sweep.cell.steps=3"),
+    (["sweep=smoke", "sweep.cell.lr=0.01"], "unknown cell key 'lr' in sweep.cell.lr; did you mean algo.lr?"),
     (["sweep=smoke", "sweep.cell.steps=many"], "cell single-math-tiny-m-s0: bad cell config"),
     (["sweep=smoke", "sweep.axes.seed=[abc]"], "sweep.axes.seed must be non-negative integers, got abc"),
     (["sweep=smoke", "+sweep.cell.algo.lr=nan"], "algo.lr must be a finite number > 0, got nan"),

@@ -64,6 +64,21 @@ def test_a_user_allocator_writes_the_turn_rewards(tmp_path, warm_model_dir):
         assign_rewards(episodes[0], cfg.reward)
 
 
+def test_a_held_role_is_paid_less_the_further_its_length_strays_from_its_target(tmp_path, warm_model_dir):
+    """harness.diagnose's hold_length arm: r -= length_hold x |tokens - length_target| on that role alone."""
+    cfg, episodes = _episodes(tmp_path, warm_model_dir, "topology=voting")
+    held = copy.deepcopy(cfg.reward)
+    held.per_role = {"aggregator": {"length_hold": 0.05, "length_target": 3.0}}
+    for episode in episodes:
+        assign_rewards(episode, cfg.reward)
+        plain = [t.reward for t in episode.turns]
+        assign_rewards(episode, held)
+        for turn, before in zip(episode.turns, plain):
+            cost = 0.05 * abs(len(turn.response_ids) - 3.0) if turn.role == "aggregator" else 0.0
+            assert turn.reward == pytest.approx(before - cost)
+    assert any(len(t.response_ids) != 3 for e in episodes for t in e.turns if t.role == "aggregator")
+
+
 def test_on_qa_the_outcome_is_the_answers_f1_and_exact_match_is_an_option(tmp_path, warm_model_dir):
     """qa-synth resolves outcome_metric=auto to f1 (UnityMAS-O's metric): a wrong but close answer
     is paid its token F1; under exact it is paid 0 (outcome-only weights, GRPO: every turn pays it)."""

@@ -8,6 +8,7 @@ instance's micro-batches.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections import defaultdict
@@ -86,6 +87,11 @@ class LocalEngine:
 
     def _setup(self, base, tokenizer, policies: List[str], cfg, seed: int) -> None:
         self.cfg = cfg
+        # a branch that un-shares policies starts as its parent (the same adapters, drawn alike) and splits
+        # them at the branch (apply_split): each new policy a copy of its parent policy
+        self.split = dict(cfg.sharing_cfg.split_from)
+        self.split_targets = list(policies) if self.split else []
+        policies = sorted((set(policies) - set(self.split)) | set(self.split.values())) if self.split else policies
         self.policies = list(policies)
         self.tokenizer = tokenizer
         self.device = local_device(cfg)
@@ -105,9 +111,7 @@ class LocalEngine:
         self.initial = {p: [t.detach().clone() for t in self.params[p]] for p in self.policies}  # θ_0, for drift
         # fused: one kernel for all of a policy's tensors (the per-tensor loop is ~5x slower at LoRA sizes)
         algo = cfg.algo
-        self.optimizers = {p: torch.optim.AdamW(self.params[p], lr=algo.lr, weight_decay=algo.weight_decay,
-                                                betas=tuple(algo.adam_betas), eps=algo.adam_eps, fused=True)
-                           for p in self.policies}
+        self.optimizers = {p: self._optimizer(self.params[p]) for p in self.policies}
         self.model.eval()  # no dropout anywhere; gradients still flow
 
     # ---------------------------------------------------------------- generate
@@ -204,7 +208,7 @@ class LocalEngine:
         stats["ratio"][role] += float((policy_loss.ratio * mask).sum())
         for kind in STAT_SUMS:  # a caller's own sums (tests) may hold only some of them
             stats.setdefault(kind, defaultdict(float))
-        stats["ratio_sq"][role] += float((policy_loss.ratio.detach() ** 2 * mask).sum())
+        stats["ratio_dev_sq"][role] += float(((policy_loss.ratio.detach() - 1.0) ** 2 * mask).sum())
         add_offpolicy(stats, role, log_prob.detach(), mask, [t.rollout_log_probs for t in batch])
         return aggregate(loss_mat, mask, algo.loss_agg, norm, role)
 
@@ -238,7 +242,7 @@ class LocalEngine:
         if probe is None and algo.coherence_reg > 0:  # the design effect needs each instance's gradient
             probe = GradientProbe()
         plan = update_plan(samples, algo, self.seed, step)
-        policies = [p for p in self.policies if p in plan]
+        policies = [p for p in self.policies if p in plan and p not in algo.frozen_policies]  # frozen: sample only
         lr = step_lr(algo, self.cfg.steps, step)  # set on each optimizer step below
         # on-policy rows (the first mini-batch, before any step) take their old log-probs from their own
         # forward; every other row gets one forward under the behaviour weights now, as verl does
@@ -320,10 +324,51 @@ class LocalEngine:
         save_file(tensors, str(Path(path) / "engine.safetensors"))
         (Path(path) / "optimizers.json").write_text(json.dumps(settings))
 
+    def _optimizer(self, params: List[torch.Tensor]) -> torch.optim.AdamW:
+        algo = self.cfg.algo
+        return torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay, betas=tuple(algo.adam_betas),
+                                 eps=algo.adam_eps, fused=True)
+
+    def apply_split(self) -> None:
+        """Un-share at the branch (sharing_cfg.split_from): each new policy gets its own adapter holding
+        a copy of its parent policy's weights, starting point (for drift) and optimizer state; the
+        parent policies it replaces stop training. Idempotent."""
+        if not self.split or self.policies == self.split_targets:
+            return
+        from harness.engines.adapters import lora_config
+
+        with torch.random.fork_rng(devices=[]):  # a new adapter's random init must not move the run's streams
+            for target, source in sorted(self.split.items()):
+                self.model.add_adapter(target, lora_config(self.cfg))
+                self.model.to(self.device)
+                self.params[target] = [t for n, t in self.model.named_parameters() if f".{target}." in n and "lora_" in n]
+                with torch.no_grad():
+                    for mine, theirs in zip(self.params[target], self.params[source]):
+                        mine.copy_(theirs)
+                self.initial[target] = [t.clone() for t in self.initial[source]]
+                self.optimizers[target] = self._optimizer(self.params[target])
+                # a deep copy: load_state_dict keeps the source's moment tensors as they are, and copies
+                # sharing them would step each other's Adam state
+                self.optimizers[target].load_state_dict(copy.deepcopy(self.optimizers[source].state_dict()))
+        for gone in set(self.policies) - set(self.split_targets):
+            del self.params[gone], self.optimizers[gone], self.initial[gone]
+        self.policies = list(self.split_targets)
+        self._active = None
+
     def load(self, path: Path) -> None:
         from safetensors.torch import load_file
 
         tensors = load_file(str(Path(path) / "engine.safetensors"))
+        if self.split and self.policies != self.split_targets:
+            if any(key.startswith(f"param/{target}/") for target in self.split for key in tensors):
+                self.apply_split()  # the arm's own checkpoint, after the split: split, then load it
+            else:  # the parent's checkpoint at the branch: load it as the parent, then split
+                self._load(tensors, path)
+                self.apply_split()
+                return
+        self._load(tensors, path)
+
+    def _load(self, tensors: Dict[str, torch.Tensor], path: Path) -> None:
         settings = json.loads((Path(path) / "optimizers.json").read_text())
         params = {p: [tensors[f"param/{p}/{i}"] for i in range(len(self.params[p]))] for p in self.policies}
         optimizers = {p: join_optimizer_state(settings[p], f"optim/{p}/", tensors) for p in self.policies}

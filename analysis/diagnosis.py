@@ -1,0 +1,146 @@
+"""The verdict of a diagnosis (harness.diagnose): which mechanism's removal saved the run, beyond
+chance and beyond slowing down.
+
+Per branch point of a failed run: the `none` arms on streams 0..R-1 say how often that state fails by
+chance; each mechanism's arm j is paired with none j. A mechanism is named when its arms failed less
+often than none's (McNemar exact, p < ALPHA) and less often than the non-specific control's
+(`slow_down`, same test): the first such in registry order if several. Where only slowing down beat
+none the verdict is "generic"; where nothing did, "undetermined".
+
+Across failed runs (a study, a sweep), `mechanism_tests` asks per sharing mode whether a mechanism
+saves more resamples than none and than slowing down, by the sign test across runs on the per-run
+difference of failure counts (a run is one unit: its resamples share a state).
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from analysis.arms import _float, _int, collect_arms, failed_after
+from analysis.paired import ALPHA, binomial_two_sided, compare_failures, compare_values, worded
+
+GENERIC = "slow_down"
+NONE = "none"
+
+
+def _by(rows: Sequence[dict], *keys) -> Dict[tuple, List[dict]]:
+    groups: Dict[tuple, List[dict]] = defaultdict(list)
+    for row in rows:
+        groups[tuple(row[k] for k in keys)].append(row)
+    return groups
+
+
+def _mechanism_order() -> List[str]:
+    from harness.mechanisms import MECHANISMS
+
+    return list(MECHANISMS)
+
+
+def _names(mechanism: str) -> str:
+    from harness.mechanisms import MECHANISMS
+
+    return MECHANISMS[mechanism].names if mechanism in MECHANISMS else mechanism
+
+
+def point_verdict(rows: Sequence[dict], failure: Optional[dict] = None) -> dict:
+    """The verdict at one branch point from its arms' rows (one per arm and resample)."""
+    by_arm = {arm: {int(r["resample"]): r for r in group} for (arm,), group in _by(rows, "arm").items()}
+    none = by_arm.get(NONE, {})
+    start = int(rows[0]["start"])
+    failed = {arm: {j: failed_after(r) for j, r in runs.items()} for arm, runs in by_arm.items()}
+    results = {}
+    order = [m for m in _mechanism_order() if m in by_arm] + sorted(set(by_arm) - set(_mechanism_order()) - {NONE})
+    for arm in order:
+        streams = sorted(set(failed[arm]) & set(none))
+        vs_none = compare_failures([failed[arm][j] for j in streams], [failed[NONE][j] for j in streams])
+        slow = sorted(set(failed[arm]) & set(failed.get(GENERIC, {})))
+        vs_slow = compare_failures([failed[arm][j] for j in slow], [failed[GENERIC][j] for j in slow]) \
+            if arm != GENERIC and slow else None
+        accuracy = compare_values([_float(by_arm[arm][j].get("final_accuracy")) for j in streams],
+                                  [_float(none[j].get("final_accuracy")) for j in streams])
+        results[arm] = {"names": _names(arm), "resamples": len(streams), "failed": vs_none.arm_failed,
+                        "none_failed": vs_none.reference_failed, "p_vs_none": vs_none.p,
+                        "slow_down_failed": None if vs_slow is None else vs_slow.reference_failed,
+                        "p_vs_slow_down": None if vs_slow is None else vs_slow.p,
+                        "accuracy_vs_none": accuracy.mean,
+                        "beats_none": vs_none.cells > 0 and vs_none.difference < 0 and vs_none.p < ALPHA,
+                        "beats_slow_down": vs_slow is not None and vs_slow.difference < 0 and vs_slow.p < ALPHA}
+    named = [arm for arm in order if arm != GENERIC and results[arm]["beats_none"] and results[arm]["beats_slow_down"]]
+    if named:
+        verdict = _names(named[0])
+    elif GENERIC in results and results[GENERIC]["beats_none"]:
+        verdict = "generic"
+    else:
+        verdict = "undetermined"
+    n = len(none)
+    where = f"{failure['kind']} at step {failure['step']}" if failure else "the run"
+    slow = results.get(GENERIC)
+    slow_text = f"slowing down: {slow['failed']} of {slow['resamples']}" if slow else "no slow-down arm"
+    if named:
+        best = results[named[0]]
+        line = (f"{where} — diagnosis: {verdict} ({named[0]} at step {start}: {best['failed']} of {best['resamples']} "
+                f"resamples failed vs {best['none_failed']} of {best['resamples']} none, p = {best['p_vs_none']:.3f}; "
+                f"{slow_text}, p = {best['p_vs_slow_down']:.3f})")
+    else:
+        tried = [a for a in order if a != GENERIC]
+        best = min(tried, key=lambda a: (results[a]["failed"], a)) if tried else None
+        detail = (f"; fewest failures: {best} {results[best]['failed']} of {results[best]['resamples']}, "
+                  f"p = {results[best]['p_vs_none']:.3f} against none" if best else "")
+        reason = "only slowing down beat chance" if verdict == "generic" else "no arm beat chance and slowing down"
+        line = (f"{where} — diagnosis: {verdict} ({reason}; from step {start}, none failed "
+                f"{sum(failed.get(NONE, {}).values())} of {n} resamples, {slow_text}{detail})")
+    return {"start": start, "point": rows[0].get("point", ""), "verdict": verdict, "line": line,
+            "none_failed": sum(failed.get(NONE, {}).values()), "resamples": n, "arms": results}
+
+
+def diagnose_run(run: Path, arms_root: Path, rows: Optional[List[dict]] = None,
+                 failure: Optional[dict] = None) -> dict:
+    """diagnosis.json's content: per branch point of `run`, its verdict (from the arms that ran);
+    the failure diagnosed is the run's first label unless one is given."""
+    from analysis.labels import label_run
+
+    rows = [r for r in (rows if rows is not None else collect_arms(arms_root)) if r["parent"] == Path(run).name]
+    if failure is None:
+        labels = label_run(Path(run))
+        failure = min(labels, key=lambda l: l.step).record() if labels else None
+    points = [point_verdict(group, failure) for _, group in sorted(_by(rows, "start").items())]
+    return {"run": Path(run).name, "failure": failure, "points": points, "lines": [p["line"] for p in points]}
+
+
+def mechanism_tests(rows: Sequence[dict], sharing: str, mechanism: str) -> dict:
+    """Across the failed runs of one sharing mode: per run, failures of none minus failures of the
+    mechanism (and of slow_down minus the mechanism); the sign test of each across runs."""
+    diffs_none, diffs_slow = [], []
+    for _, group in _by([r for r in rows if r.get("sharing") == sharing], "parent", "start").items():
+        count = {arm: sum(failed_after(r) for r in runs) for (arm,), runs in _by(group, "arm").items()}
+        if mechanism not in count or NONE not in count:
+            continue
+        diffs_none.append(count[NONE] - count[mechanism])
+        if GENERIC in count:
+            diffs_slow.append(count[GENERIC] - count[mechanism])
+
+    def sign(diffs):
+        up, down = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+        return {"runs": len(diffs), "saved_more": up, "saved_less": down, "p": binomial_two_sided(min(up, down), up + down),
+                "mean": sum(diffs) / len(diffs) if diffs else math.nan}
+
+    vs_none, vs_slow = sign(diffs_none), sign(diffs_slow)
+    shown = (vs_none["p"] < ALPHA and vs_none["saved_more"] > vs_none["saved_less"]
+             and vs_slow["p"] < ALPHA and vs_slow["saved_more"] > vs_slow["saved_less"])
+    return {"sharing": sharing, "mechanism": mechanism, "vs_none": vs_none, "vs_slow_down": vs_slow, "shown": shown,
+            "words": worded(max(vs_none["p"], vs_slow["p"]),
+                            f"on {sharing} failures, {mechanism} saves more resamples than none and than slow_down",
+                            holds=vs_none["saved_more"] > vs_none["saved_less"]
+                            and vs_slow["saved_more"] > vs_slow["saved_less"])}
+
+
+def pooled_failures(rows: Sequence[dict], sharing: str, mechanism: str) -> str:
+    """McNemar over every (run, resample) pair of one sharing mode: reported beside the run-level test."""
+    arm = {(r["parent"], r["start"], int(r["resample"])): failed_after(r) for r in rows
+           if r.get("sharing") == sharing and r["arm"] == mechanism}
+    none = {(r["parent"], r["start"], int(r["resample"])): failed_after(r) for r in rows
+            if r.get("sharing") == sharing and r["arm"] == NONE}
+    keys = sorted(set(arm) & set(none))
+    return compare_failures([arm[k] for k in keys], [none[k] for k in keys]).text()

@@ -1,0 +1,127 @@
+"""A diagnosis by counterfactual (harness.diagnose): a run branched into resampled `none` arms and
+one arm per mechanism removed, and the verdict's statistics (analysis/diagnosis.py)."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from harness.logging import read_jsonl
+from tests.conftest import REPO
+from tests.test_intervene import run, same_keys
+
+DIAGNOSE = [sys.executable, "-m", "harness.diagnose"]
+PARENT = ["topology=voting", "sharing=ip", "steps=8", "ckpt_every=2", "ckpt_keep=10", "val_every=4", "val_problems=8",
+          "progress=false", "wandb.enabled=false", "report=false"]
+CELL = "voting-ip-arith-tiny-m-s0"
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory, warm_model_dir):
+    root = tmp_path_factory.mktemp("diagnosed")
+    run(root, *PARENT)
+    return root / "default" / CELL
+
+
+def test_resampled_none_arms_and_an_unshared_arm_branch_from_one_state(parent):
+    args = [str(parent), "--at", "4", "--failure-step", "6", "--margin", "2", "--resamples", "2",
+            "--mechanisms", "unshare_instances"]
+    dry = subprocess.run(DIAGNOSE + args + ["--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert "4 arms, 16 cell-steps" in dry.stdout
+    assert not (parent.parent.parent / "default-diagnosis").exists()  # a dry run writes nothing
+
+    proc = subprocess.run(DIAGNOSE + args, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    arms = parent.parent.parent / "default-diagnosis"
+    want = read_jsonl(parent / "metrics.jsonl")
+    replay = read_jsonl(arms / f"{CELL}@4+none~r0" / "metrics.jsonl")
+    assert [m["step"] for m in replay] == list(range(8))
+    assert all(same_keys(a, b) == [] for a, b in zip(replay, want))  # stream 0: the run itself, key for key
+    other = read_jsonl(arms / f"{CELL}@4+none~r1" / "metrics.jsonl")
+    assert all(same_keys(a, b) == [] for a, b in zip(other[:4], want[:4]))  # the run's own records before K
+    assert same_keys(other[4], want[4]) != []  # stream 1 samples other episodes from the same state
+    branch = json.loads((arms / f"{CELL}@4+none~r1" / "branch.json").read_text())
+    assert (branch["resample"], branch["start"], branch["failure"]["step"]) == (1, 4, 6)
+
+    unshared = read_jsonl(arms / f"{CELL}@4+unshare_instances~r0" / "metrics.jsonl")
+    status = json.loads((arms / f"{CELL}@4+unshare_instances~r0" / "status.json").read_text())
+    assert status["state"] == "finished"
+    assert set(status["policies"]) == {"aggregator", "voter_0", "voter_1", "voter_2"}
+    assert all(same_keys(a, b) == [] for a, b in zip(unshared[:4], want[:4]))
+    # from the branch each voter steps its own copy once a step, where the shared adapter stepped three times
+    assert [m["policy/voter/optimizer_steps"] for m in want[4:6]] == [3, 3]
+    assert all(m[f"policy/voter_{i}/optimizer_steps"] == 1 for m in unshared[4:] for i in range(3))
+    # each copy starts where the shared adapter was (its drift counts from the run's start, not from zero)
+    assert all(unshared[4][f"policy/voter_{i}/drift"] > 0.6 * want[3]["policy/voter/drift"] for i in range(3))
+
+    verdict = json.loads((parent / "diagnosis.json").read_text())
+    point = verdict["points"][0]
+    assert point["start"] == 4 and point["resamples"] == 2 and set(point["arms"]) == {"unshare_instances"}
+    assert verdict["lines"][0].startswith("given at step 6 — diagnosis: ")
+    assert verdict["lines"][0] in proc.stdout
+    from reports.run_report import build_run_report
+
+    report = build_run_report(parent)  # the run's report carries the verdict under its own
+    assert f"**Diagnosis:** {verdict['lines'][0]}" in (report.parent / "report.md").read_text()
+
+    # a study of kind diagnosis collects these arms into its outcomes and renders the same verdict
+    from analysis.studies import KINDS, _load_kinds, study_named, write_outcomes
+
+    studies = parent.parent.parent / "studies"
+    (studies / "planted").mkdir(parents=True)
+    (studies / "planted" / "study.yaml").write_text(
+        "name: planted\nkind: diagnosis\nheld_out: {seeds: '0'}\nruns: {arms: default-diagnosis}\n"
+        "mechanisms: {ip: [unshare_instances]}\nhypotheses:\n  - {id: H1, sharing: ip, mechanism: unshare_instances, "
+        "claim: un-sharing saves more}\n")
+    _load_kinds()
+    study = study_named("planted", studies)
+    collect, render = KINDS["diagnosis"]
+    write_outcomes(study, collect(study, parent.parent.parent))
+    rows = study_named("planted", studies).outcomes()
+    assert len(rows) == 4 and {r["arm"] for r in rows} == {"none", "unshare_instances"}
+    assert {(r["failure_kind"], r["failure_step"]) for r in rows} == {("given", "6")}
+    blocks = render(study, rows)
+    assert blocks["verdicts"].startswith(f"- `{CELL}` (ip): given at step 6 — diagnosis: ")
+    assert re.search(r"\| ip\s+\| unshare_instances\s+\| 1\s+\|", blocks["mechanisms"])  # one failed run
+    assert "not shown: on ip failures, unshare_instances saves more" in blocks["mechanisms"]  # no slow_down arm ran
+    assert blocks["hypotheses"].startswith("- **H1** (un-sharing saves more): ")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--at", "4", "--failure-step", "6", "--mechanisms", "boredom"],
+     "unknown mechanism 'boredom'; valid: unshare_instances, role_count_scaling, unshare_roles"),
+    (["--at", "7", "--failure-step", "3", "--margin", "2"], "branch point 7 is step 7, outside the arms' steps 1..4"),
+    (["--at", "4", "--failure-step", "6", "--resamples", "0"], "--resamples must be >= 1, got 0"),
+    (["--at", "4", "--failure-step", "60"], "--failure-step 60 is outside the run's steps 1..7"),
+    (["--at", "4"], "did not fail (no failure label) and raised no alert: nothing to diagnose"),
+    (["--at", "4", "--failure-step", "6", "--mechanisms", "unshare_roles"],
+     "mechanism unshare_roles does not apply to voting-ip-arith-tiny-m-s0: no policy is shared by several roles"),
+])
+def test_bad_input_is_one_error_line_and_writes_nothing(parent, args, message):
+    before = sorted(str(p) for p in parent.parent.parent.rglob("*"))
+    proc = subprocess.run(DIAGNOSE + [str(parent), *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and message in proc.stderr and proc.stderr.count("\n") == 1
+    assert sorted(str(p) for p in parent.parent.parent.rglob("*")) == before
+
+
+def _rows(failed: dict) -> list:
+    """Arms' rows as analysis.arms.collect_arms gives them: arm -> per resample, failed or not."""
+    return [{"arm": arm, "resample": j, "start": 10, "failed_at": 20 if f else None, "final_accuracy": 0.0 if f else 0.5}
+            for arm, flags in failed.items() for j, f in enumerate(flags)]
+
+
+@pytest.mark.parametrize("failed,verdict", [
+    ({"none": [1] * 6, "unshare_instances": [0] * 6, "slow_down": [1] * 6}, "amplification"),
+    ({"none": [1] * 6, "unshare_instances": [0] * 6, "slow_down": [0] * 6}, "generic"),
+    ({"none": [1] * 6, "unshare_instances": [0] * 5 + [1], "slow_down": [1] * 6}, "undetermined"),  # 5 of 6: p = 0.06
+    ({"none": [0] * 6, "unshare_instances": [0] * 6, "slow_down": [0] * 6}, "undetermined"),  # chance never failed
+])
+def test_a_mechanism_is_named_only_when_it_beats_chance_and_slowing_down(failed, verdict):
+    from analysis.diagnosis import point_verdict
+
+    got = point_verdict(_rows(failed), {"kind": "collapse", "step": 20})
+    assert got["verdict"] == verdict, got["line"]
+    assert got["line"].startswith(f"collapse at step 20 — diagnosis: {verdict} (")

@@ -76,3 +76,14 @@ def test_each_listed_full_matrix_value_is_what_the_cells_resolve_to(resolved, ro
         assert got == want, f"{setting} ({scope}): full_matrix gives {got!r}, the table says {listed}"
     if parsed(study) != want:  # a difference says why, not "same"
         assert why and not why.startswith("same"), (setting, why)
+
+
+@pytest.mark.parametrize("scope,key,upstream", [
+    ("math eval_opt", "workflow.max_iterations", 3),   # dashboard/task_configs.py l.44-47, launch_experiment.sh l.139-140
+    ("code eval_opt", "workflow.max_iterations", 2),   # dashboard/task_configs.py l.110, launch_experiment.sh l.151-152
+    ("math orch_workers", "workflow.max_subtasks", 3),  # dashboard/task_configs.py l.52-55, launch_experiment.sh l.145-146
+    ("code orch_workers", "workflow.max_subtasks", 3),  # dashboard/task_configs.py l.120
+    ("all", "ckpt_every", 5),                            # study.yaml l.152 (trainer.save_freq)
+])
+def test_full_matrix_runs_the_sizes_the_studys_launcher_passes(resolved, scope, key, upstream):
+    assert value_of(cell_for(resolved, scope), key) == upstream

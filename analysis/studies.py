@@ -149,6 +149,9 @@ def register(kind: str, collect: Collector, render: Renderer) -> None:
 
 def _load_kinds() -> None:
     import analysis.study_kinds  # noqa: F401  (registers every kind)
+    from analysis import studies as imported  # run as `python -m analysis.studies`, this module is __main__
+
+    KINDS.update(imported.KINDS)
 
 
 def write_outcomes(study: Study, rows: List[dict]) -> Path:

@@ -61,7 +61,8 @@ def arm_row(arm_dir: Path, branch: dict, status: dict) -> dict:
             "mitigation": branch.get("mitigation", ""), "mechanism": branch.get("mechanism", ""),
             "resample": int(branch.get("resample", 0)), "point": branch.get("point", ""),
             "alert_kind": alert.get("kind") or sham.get("kind") or "", "alert_step": alert.get("step", sham.get("step", "")),
-            "sham": bool(sham), "failed_at": min(after) if after else "", "failed_before": min(before) if before else "",
+            "sham": bool(sham), "failure_kind": (branch.get("failure") or {}).get("kind", ""),
+            "failure_step": (branch.get("failure") or {}).get("step", ""), "failed_at": min(after) if after else "", "failed_before": min(before) if before else "",
             "final_accuracy": f"{accuracies[-1]:.4f}" if accuracies else "", "state": status.get("state", ""),
             "update_sizes": json.dumps(update_sizes(records, start))}
 
@@ -108,11 +109,11 @@ def pairs(rows: Iterable[dict], arm: str, reference: str = "none", same_start: b
     def key(row):
         return (row["parent"], int(row["start"]) if same_start else None, int(row.get("resample") or 0))
 
-    refs = {key(r): r for r in rows if r["arm"] == reference and not _truthy(r.get("sham"))}
+    refs = {key(r): r for r in rows if r["arm"] == reference and not truthy(r.get("sham"))}
     return [Pair(key(r), r, refs[key(r)]) for r in rows if r["arm"] == arm and key(r) in refs]
 
 
-def _truthy(value) -> bool:
+def truthy(value) -> bool:
     return value is True or str(value).lower() == "true"
 
 

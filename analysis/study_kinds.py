@@ -153,7 +153,7 @@ register("detector_validation", collect_detector_validation, render_detector_val
 
 # ------------------------------------------------------------------ interventions and diagnoses (branched arms)
 ARM_COLUMNS = ("parent", "start", "arm", "mitigation", "mechanism", "resample", "point", "alert_kind", "alert_step",
-               "sham", "failed_at", "failed_before", "final_accuracy", "state", "update_sizes", "sharing", "seed",
+               "sham", "failure_kind", "failure_step", "failed_at", "failed_before", "final_accuracy", "state", "update_sizes", "sharing", "seed",
                "setting")
 
 
@@ -171,19 +171,17 @@ def _arm_rows(study: Study, root: Path) -> List[dict]:
     return [{"split": "arm", **{k: row.get(k, "") for k in ARM_COLUMNS}} for row in arms]
 
 
-def _truthy(value) -> bool:
-    return str(value).lower() in ("true", "1")
-
-
 def _typed_arms(rows: List[dict]) -> List[dict]:
     """Rows read back from outcomes.csv with the types analysis/arms.py reads."""
+    from analysis.arms import truthy
+
     out = []
     for row in rows:
         if row.get("split") != "arm":
             continue
         typed = dict(row)
         typed["start"], typed["resample"] = int(row["start"]), int(row.get("resample") or 0)
-        typed["sham"] = _truthy(row.get("sham"))
+        typed["sham"] = truthy(row.get("sham"))
         out.append(typed)
     return out
 
@@ -230,16 +228,10 @@ def render_interventions(study: Study, rows: List[dict]) -> Dict[str, str]:
 
 
 def collect_diagnosis(study: Study, root: Path) -> List[dict]:
-    """The diagnosis arms (resampled none and mechanism arms), with the failure each branched before."""
+    """The diagnosis arms (resampled none and mechanism arms), each with the failure it branched before."""
     rows = _arm_rows(study, root)
-    arms_root = root / study.data["runs"]["arms"]
-    for row in rows:
-        name = f"{row['parent']}@{row['start']}+{row['arm']}~r{row['resample']}"
-        branch = json.loads((arms_root / name / "branch.json").read_text()) if (arms_root / name / "branch.json").is_file() else {}
-        failure = branch.get("failure") or {}
-        row["failure_kind"], row["failure_step"] = failure.get("kind", ""), failure.get("step", "")
     if not rows:
-        raise StudyError(f"study {study.name}: no ended arms under {arms_root}")
+        raise StudyError(f"study {study.name}: no ended arms under {root / study.data['runs']['arms']}")
     return rows
 
 

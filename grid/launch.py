@@ -253,12 +253,21 @@ def settle_alerts(sweep_dir: Path, out) -> None:
             out(f"warning: could not redraw the report of {run_id} ({type(exc).__name__}: {exc})")
 
 
+def arm_cell(parent, arm_cfg):
+    """A branched arm as a cell of the grid: its own config, its parent cell's axes and resources."""
+    from omegaconf import OmegaConf
+
+    from grid.expand import Cell
+
+    return Cell(arm_cfg.cell_id, dict(parent.axes), OmegaConf.to_container(OmegaConf.structured(arm_cfg)),
+                parent.resources)
+
+
 def intervene(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int:
     """Branch every ended multi-agent cell of the sweep (harness.intervene) and launch the arms as the
     cells of `<sweep>-interventions` with their parents' resources; then the intervention report."""
     from omegaconf import OmegaConf
 
-    from grid.expand import Cell
     from grid.submit import read_status
     from harness.config import ConfigError
     from harness.intervene import ARM_WORDS, first_alert, interventions_sweep, prepare, prepare_sham, sham_steps
@@ -287,8 +296,7 @@ def intervene(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> in
         except ConfigError as exc:
             out(f"skip {cell.cell_id}: {exc}")
             continue
-        arms += [Cell(arm.cfg.cell_id, dict(cell.axes), OmegaConf.to_container(OmegaConf.structured(arm.cfg)),
-                      cell.resources) for arm in branched]
+        arms += [arm_cell(cell, arm.cfg) for arm in branched]
         alert = first_alert(run, cfg.intervene.kind)
         if alert is not None:
             alerted[cell.cell_id] = (cell, int(alert["step"]))
@@ -300,8 +308,7 @@ def intervene(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> in
             except ConfigError as exc:
                 out(f"skip the sham arm of {cell_id}: {exc}")
                 continue
-            arms += [Cell(arm.cfg.cell_id, dict(cell.axes), OmegaConf.to_container(OmegaConf.structured(arm.cfg)),
-                          cell.resources) for arm in branched]
+            arms += [arm_cell(cell, arm.cfg) for arm in branched]
     if not arms:
         out(f"nothing to branch in {sweep_dir}: no ended cell with an alert")
         return 0
@@ -333,7 +340,6 @@ def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int
     With dry_run=true: the plan and its cost, nothing written."""
     from omegaconf import OmegaConf
 
-    from grid.expand import Cell
     from grid.submit import read_status
     from harness.config import ConfigError
     from harness.diagnose import describe, diagnosis_sweep, plan, seed, write_verdict
@@ -381,8 +387,7 @@ def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int
         return 0
     for _, _, arms in planned:
         seed(arms)
-    cells_out = [Cell(arm.cfg.cell_id, dict(cell.axes), OmegaConf.to_container(OmegaConf.structured(arm.cfg)),
-                      cell.resources) for cell, _, arms in planned for arm in arms]
+    cells_out = [arm_cell(cell, arm.cfg) for cell, _, arms in planned for arm in arms]
     arms_cfg = OmegaConf.merge(cfg, {"sweep": {"name": diagnosis_sweep(cfg.sweep.name)}})
     code = launch(cells_out, arms_cfg, argv, out)
     if arms_cfg.launcher.name != "slurm" or cfg.get("wait"):

@@ -74,6 +74,8 @@ SCORED: Dict[str, Scored] = {s.name: s for s in (
 )}
 # the config-only baseline, scored like a warning of any failure (config_baseline sets its alerts)
 CONFIG_ONLY = Scored("config-only", "warning", (), ("collapse", "capture", "contract"))
+# the learned early warning (harness/monitors/learned.py), scored by studies/early-warning as a warning of any failure
+LEARNED = Scored("learned", "warning", (("learned", None),), ("collapse", "capture", "contract"))
 WARNINGS = [n for n, s in SCORED.items() if s.role == "warning"]
 NOTIFICATIONS = [n for n, s in SCORED.items() if s.role == "notification"]
 NOTIFICATION_NOTE = ("Label notifications are not detector evidence: collapse's validation rule is the collapse "
@@ -320,7 +322,7 @@ def mitigation_effects(results: List[RunOutcome]) -> pd.DataFrame:
 
 
 def definition(name: str) -> Scored:
-    return CONFIG_ONLY if name == CONFIG_ONLY.name else SCORED[name]
+    return {CONFIG_ONLY.name: CONFIG_ONLY, LEARNED.name: LEARNED}.get(name) or SCORED[name]
 
 
 def caught(r: RunOutcome, name: str) -> Optional[int]:
@@ -446,7 +448,7 @@ def against_baseline(results: List[RunOutcome], design: List[RunOutcome], names:
     firing = firing_arms(design)
     design_clusters = _by_seed(design)
     for name in names:
-        failures = SCORED[name].failures
+        failures = definition(name).failures
         cells = [r for r in results if name in r.watched or r.failure_step(failures) is not None]
         failing = [r for r in cells if r.failure_step(failures) is not None]
         healthy = [r for r in cells if not r.labels]

@@ -148,7 +148,8 @@ def register(kind: str, collect: Collector, render: Renderer) -> None:
 
 
 def _load_kinds() -> None:
-    import analysis.study_kinds  # noqa: F401  (registers every kind)
+    import analysis.study_early_warning  # noqa: F401  (registers every kind)
+    import analysis.study_kinds  # noqa: F401
     from analysis import studies as imported  # run as `python -m analysis.studies`, this module is __main__
 
     KINDS.update(imported.KINDS)
@@ -211,6 +212,15 @@ def fill_blocks(text: str, figures: Dict[str, Dict[str, str]], where: str) -> st
     return BLOCK.sub(replace, text)
 
 
+def generated_files() -> Dict[str, Path]:
+    """Rendered blocks that are files the harness reads: the calibration every alert quotes, the
+    learned detector's model."""
+    from harness.monitors.calibration import CALIBRATION_FILE
+    from harness.monitors.learned import DEFAULT_MODEL
+
+    return {"_calibration.json": CALIBRATION_FILE, "_learned.json": DEFAULT_MODEL}
+
+
 def render(check: bool = False, root: Path = STUDIES) -> List[Path]:
     """Write (or, with `check`, compare) every generated file; returns the files that differ."""
     figures = rendered(root)
@@ -218,11 +228,9 @@ def render(check: bool = False, root: Path = STUDIES) -> List[Path]:
     for study in load_studies(root):
         if study.name in figures:
             targets[study.path / "results.md"] = results_page(study, figures[study.name])
-            calibration = figures[study.name].get("_calibration.json")
-            if calibration is not None:
-                from harness.monitors.calibration import CALIBRATION_FILE
-
-                targets[CALIBRATION_FILE] = calibration
+            for block, path in generated_files().items():
+                if block in figures[study.name]:
+                    targets[path] = figures[study.name][block]
     for path in doc_files():
         text = path.read_text()
         if BLOCK.search(text):

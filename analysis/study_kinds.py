@@ -67,9 +67,10 @@ def _sharing(run: Path) -> str:
 
 
 # ------------------------------------------------------------------ detector validation
-def collect_detector_validation(study: Study, root: Path) -> List[dict]:
-    """Both sweeps' cells, as the runs raised their alerts; each split's seeds must be the study's."""
-    rows = []
+def split_sweeps(study: Study, root: Path) -> List[tuple]:
+    """(split, sweep dir, cell rows) for the design and the held-out sweeps, each split's seeds
+    checked against the study's."""
+    found_splits = []
     runs = study.data.get("runs") or {}
     for split in ("design", "held_out"):
         if split not in runs:
@@ -78,13 +79,18 @@ def collect_detector_validation(study: Study, root: Path) -> List[dict]:
         results = outcomes(sweep)
         if not results:
             raise StudyError(f"study {study.name}: {sweep} holds no run directories")
-        declared = set(study.seeds(split))
-        found = {r.seed for r in results}
-        if found - declared:
-            raise StudyError(f"study {study.name}: {sweep} holds seeds {sorted(found - declared)[:5]} that its "
+        stray = {r.seed for r in results} - set(study.seeds(split))
+        if stray:
+            raise StudyError(f"study {study.name}: {sweep} holds seeds {sorted(stray)[:5]} that its "
                              f"{split} seeds do not list")
-        rows += [cell_row(r, split, _final_accuracy(r.run_dir), _sharing(r.run_dir)) for r in results]
-    return rows
+        found_splits.append((split, sweep, [cell_row(r, split, _final_accuracy(r.run_dir), _sharing(r.run_dir))
+                                            for r in results]))
+    return found_splits
+
+
+def collect_detector_validation(study: Study, root: Path) -> List[dict]:
+    """Both sweeps' cells, as the runs raised their alerts; each split's seeds must be the study's."""
+    return [row for _, _, rows in split_sweeps(study, root) for row in rows]
 
 
 def _split(rows: List[dict], split: str) -> List[RunOutcome]:

@@ -203,7 +203,7 @@ class ArithConfig:
 
 
 ACTIONS = ("log", "alert", "stop", "mitigate")
-MONITORED = ("amplification", "capture", "drift", "collapse", "nonfinite")  # MonitorConfig's detectors
+MONITORED = ("amplification", "capture", "drift", "collapse", "nonfinite", "learned")  # MonitorConfig's detectors
 
 
 def matched_mitigations() -> Dict[str, str]:
@@ -298,6 +298,16 @@ class NonFiniteConfig:
 
 
 @dataclass
+class LearnedConfig:
+    """The learned early warning (harness/monitors/learned.py): off unless it beat the config-only
+    baseline on held-out seeds (studies/early-warning says whether it did)."""
+
+    enabled: bool = False
+    model: Optional[str] = None  # its JSON; None: harness/monitors/learned.json (fitted by studies/early-warning)
+    action: str = "alert"
+
+
+@dataclass
 class MonitorConfig:
     # every detector's action at once when set (log, alert, stop, mitigate); else each its own `action`
     action: Optional[str] = None
@@ -317,6 +327,7 @@ class MonitorConfig:
     drift: DriftConfig = field(default_factory=DriftConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     nonfinite: NonFiniteConfig = field(default_factory=NonFiniteConfig)
+    learned: LearnedConfig = field(default_factory=LearnedConfig)
 
 
 # detector settings of earlier versions (an absolute gate on the update size, retired for a relative one)

@@ -436,6 +436,13 @@ def validate(cfg: CellConfig) -> None:
         raise ConfigError(f"monitors.collapse.trend_window must be >= 0 (0: no early warning) and "
                           f"monitors.collapse.trend_patience >= 1, got {cfg.monitors.collapse.trend_window} and "
                           f"{cfg.monitors.collapse.trend_patience}")
+    if cfg.monitors.learned.enabled:
+        from harness.monitors.learned import DEFAULT_MODEL
+
+        model = Path(cfg.monitors.learned.model) if cfg.monitors.learned.model else DEFAULT_MODEL
+        if not model.is_file():
+            raise ConfigError(f"monitors.learned.enabled: no model at {model}; give monitors.learned.model=<its JSON> "
+                              f"(python -m analysis.studies render fits harness/monitors/learned.json)")
     from harness.logging import WANDB_MODES, wandb_settings
 
     _choose("wandb mode (wandb.mode, else $WANDB_MODE)", wandb_settings(cfg)["mode"], WANDB_MODES)

@@ -64,6 +64,12 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
                  "training and its peak, per scale (mean over seeds)</h2>", table(paper)]
     if loops:
         body += ["<h2>Loop rounds over training (one line per cell)</h2>", image(loops, "loop rounds")]
+    indicators = leading_indicators(sweep)
+    if indicators is not None:
+        body += ["<h2>What led the failures: signals of failing vs surviving cells of a setting, 10-30 steps "
+                 "before (<code>python -m reports.indicators</code>)</h2>",
+                 f'<p><a href="{esc(indicators.name)}">the ranked table</a></p>', image(indicators.with_suffix(".png"),
+                                                                                      "top signals aligned at the failure")]
     evaluation = evaluation_table(sweep)
     if evaluation is not None:
         body += ["<h2>Checkpoint evaluation (pass@k, <code>python -m analysis.evaluate</code>)</h2>",
@@ -86,6 +92,8 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
         md += ["## Workflows as UnityMAS-O reports them (before training, peak)", "", md_table(paper), ""]
     if loops:
         md += ["## Loop rounds over training", "", "![loop rounds](loops.png)", ""]
+    if indicators is not None:
+        md += ["## What led the failures", "", f"[The ranked leading-indicator table]({indicators.name})", ""]
     if evaluation is not None:
         md += ["## Checkpoint evaluation (pass@k)", "", md_table(evaluation), ""]
     md += ["## Failure modes", "", md_table(modes), "", "## Run reports", ""]
@@ -97,6 +105,17 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
 def metric_of(cells, task_axis: str) -> str:
     """The headline metric's name for a task axis value (F1 for QA, accuracy otherwise)."""
     return headline_name(cells.loc[cells["task_axis"].astype(str) == str(task_axis), "task"])
+
+
+def leading_indicators(sweep: Path):
+    """report/indicators.md where some setting has two or more failing and surviving cells (else None)."""
+    from analysis.indicators import aligned_table, contrasting_arms, load_cells
+    from reports.indicators import build
+
+    table = aligned_table(load_cells(sweep))
+    if table.empty or not contrasting_arms(table):
+        return None
+    return build(sweep, permutations=2000, table=table)
 
 
 def evaluation_table(sweep: Path):

@@ -37,8 +37,10 @@ jail:
 	  else echo "note: code tasks need bubblewrap: sudo apt-get install bubblewrap (Debian/Ubuntu)"; fi; }
 
 # The main job on the embedded default: the smoke sweep (every topology x {SP, IP} + the
-# single-agent baseline) on the tiny CPU model, as local processes; then its status table.
-demo: setup
+# single-agent baseline) on the tiny CPU model, as local processes; then its status table and the
+# report's path. Only the Python packages: the smoke sweep runs no model-written code (no jail) and
+# uses the tiny model's own tokenizer (no Qwen3 tokenizer).
+demo: $(VENV)/.installed
 	$(PY) grid/launch.py sweep=smoke
 
 # What the tests need outside Python (a browser, the local SLURM cluster): installed and started as

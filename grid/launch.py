@@ -211,6 +211,11 @@ def launch(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int:
             out(f"skip {s.cell.cell_id}: {s.state}")
     if not todo:
         out(f"nothing to submit: all {len(cells)} cells are finished, stopped early or in flight")
+        report = sweep_dir / "report" / "index.html"
+        if report.is_file():
+            out(f"sweep report: {report}")
+        elif all(s.state in ("finished", "stopped_early") for s in states):
+            sweep_report(sweep_dir, out)
         return 0
     if cfg.launcher.name == "slurm":
         entries = submit_slurm(todo, cfg.cluster, cfg.launcher, ledger)  # refuses a shape before submitting any

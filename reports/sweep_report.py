@@ -43,7 +43,8 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
     modes = cells[["cell_id", "state"] + [f"first_{m}" for m in FAILURE_MODES] + ["failure_modes", "alerts"]]
     counts = {state: int((cells["state"] == state).sum()) for state in sorted(set(cells["state"]))}
 
-    body = [f"<h1>Sweep report: {esc(sweep.name)}</h1>",
+    finding = sweep_finding(gains, cells)
+    body = [f"<h1>Sweep report: {esc(sweep.name)}</h1>", f"<p><strong>Finding:</strong> {esc(finding)}</p>",
             f"<p>{len(cells)} cells ({esc(', '.join(f'{n} {s}' for s, n in counts.items()))}); "
             f"tables as CSV, Markdown and LaTeX in <code>tables/</code>.</p>"]
     for task, grid in result["tables"].items():
@@ -80,7 +81,7 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
              + "</ul>"]
     write(out / "index.html", page(f"sweep {sweep.name}", body))
 
-    md = [f"# Sweep report: {sweep.name}", "", f"{len(cells)} cells.", ""]
+    md = [f"# Sweep report: {sweep.name}", "", f"**Finding:** {finding}", "", f"{len(cells)} cells.", ""]
     for task, grid in result["tables"].items():
         md += [f"## Task {task}: final {metric_of(cells, task)} − paired baseline (mean [95% CI] over seeds)", "",
                seeds_sentence(result["ci"]), "", md_table(grid.reset_index()), ""]
@@ -100,6 +101,25 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
     md += [f"- [{cid}]({href.replace('index.html', 'report.md')})" for cid, href in sorted(links.items())]
     write(out / "report.md", "\n".join(md))
     return out / "index.html"
+
+
+def sweep_finding(gains, cells) -> str:
+    """The sweep's answer first: how many multi-agent cells end above or below their paired single
+    agent (final validation), and how many failed, by the labels."""
+    multi = cells[cells["topology"] != "single"]
+    failed = multi[multi["failure_modes"].fillna("").astype(str).str.strip().ne("")]
+    kinds = sorted({k.split("@")[0].strip() for modes in failed["failure_modes"] for k in str(modes).split(",") if k.strip()})
+    failures = (f"{len(failed)} of {len(multi)} multi-agent cells failed ({', '.join(kinds)})" if len(failed)
+                else f"none of the {len(multi)} multi-agent cells failed by the labels")
+    scored = gains.dropna(subset=["gain_final"]) if len(gains) else gains
+    if not len(scored):
+        return f"no multi-agent cell has a finished paired single agent to compare with yet; {failures}."
+    above, below = int((scored["gain_final"] > 0).sum()), int((scored["gain_final"] < 0).sum())
+    where = ("every one below its paired single agent" if below == len(scored) else
+             "every one above its paired single agent" if above == len(scored) else
+             f"{above} above their paired single agent, {below} below")
+    return (f"of {len(scored)} multi-agent cells with a paired single agent, {where} at the final validation "
+            f"(mean gain {scored['gain_final'].mean():+.3f}); {failures}.")
 
 
 def metric_of(cells, task_axis: str) -> str:

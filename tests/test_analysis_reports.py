@@ -151,6 +151,12 @@ def test_sweep_report_tables_read_like_a_person_wrote_them(sweep):
             assert re.fullmatch(r"\d\.\d{3}", row[level]), row
         for gain in ("gain_peak", "gain_final"):  # differences: signed
             assert re.fullmatch(r"[+-]\d\.\d{3}", row[gain]), row
+    finding = md.split("**Finding:** ", 1)[1].splitlines()[0]  # the answer before the tables
+    gains = [float(row["gain_final"]) for row in cells]
+    above, below = sum(g > 0 for g in gains), sum(g < 0 for g in gains)
+    expected = ("every one below" if below == 4 else "every one above" if above == 4 else f"{above} above their paired single agent, {below} below")
+    assert finding.startswith("of 4 multi-agent cells with a paired single agent, " + expected), finding
+    assert md.index("**Finding:**") < md.index("## Task")
     modes = _md_section_table(md, "## Failure modes")
     assert modes and all(re.fullmatch(r"–|\d+", row[f"first_{m}"]) for row in modes
                          for m in ("collapse", "capture", "contract"))
@@ -339,3 +345,19 @@ def test_figures_show_the_paired_run_and_fit_their_labels(tmp_path, monkeypatch)
     for text in (t for t in texts if t.get_text()):
         box = text.get_window_extent(renderer)
         assert box.x0 >= bounds.x0 - 1 and box.x1 <= bounds.x1 + 1, text.get_text()
+
+
+def test_a_healthy_verdict_says_when_validation_fell_and_why_it_is_not_a_collapse():
+    """A run whose validation accuracy halved once read plain "healthy"; now the verdict says by how
+    much it fell and why the label does not call it a collapse."""
+    from reports.verdict import verdict
+
+    def run(points):
+        return [{"step": 10 * i, "val/accuracy": a, "val/accuracy_se": se} for i, (a, se) in enumerate(points)]
+
+    noisy = verdict(run([(0.25, 0.12), (0.14, 0.12), (0.13, 0.12)]), [], [], {"state": "finished", "step": 30})
+    assert "healthy by the labels, though validation accuracy ended at 0.13 from a best of 0.25 (within 2 SE" in noisy
+    mild = verdict(run([(0.5, 0.01), (0.4, 0.01)]), [], [], {"state": "finished", "step": 20})
+    assert "(above 70% of it)" in mild
+    steady = verdict(run([(0.5, 0.01), (0.49, 0.01)]), [], [], {"state": "finished", "step": 20})
+    assert "; healthy; " in steady

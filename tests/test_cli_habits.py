@@ -102,3 +102,24 @@ def test_a_graph_yaml_error_names_its_line_and_column(tmp_path, capsys):
     assert run_main([f"root={tmp_path / 'runs'}", f"topology={graph}"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err.startswith("error: ") and f"{graph}:5:1: expected ',' or ']'" in err, err
+
+
+def test_make_demo_installs_only_what_the_smoke_sweep_needs():
+    """make demo once ran apt-get (the jail) and npm (the Qwen3 tokenizer) before a sweep that needs
+    neither: no smoke cell runs model-written code or a model over Qwen3's tokenizer."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from harness.tasks import CODE_TASKS
+    from harness.models import SCALES, RandomQwen3
+
+    repo = Path(__file__).resolve().parents[1]
+    demo = re.search(r"^demo:(.*)$", (repo / "Makefile").read_text(), flags=re.M).group(1).split()
+    assert "jail" not in demo and "qwen3-tokenizer" not in demo and "setup" not in demo
+    smoke = yaml.safe_load((repo / "grid" / "conf" / "sweep" / "smoke.yaml").read_text())["axes"]
+    assert all(s.startswith("tiny") for s in smoke["scale"])
+    tasks = {yaml.safe_load((repo / "grid" / "conf" / "task" / f"{axis}.yaml").read_text())["tiny"] for axis in smoke["task"]}
+    assert tasks == {"arith"} and not tasks & set(CODE_TASKS), "a code task in the smoke sweep needs the jail: add jail to demo"
+    assert not any(isinstance(SCALES[s], RandomQwen3) for s in smoke["scale"]), "a Qwen3-tokenizer scale: add qwen3-tokenizer"

@@ -7,7 +7,7 @@ import random
 
 from harness.config import MonitorConfig
 from harness.monitors import Monitor, held_back, stop_reason, unwritten
-from harness.monitors.detectors import (AmplificationDetector, CaptureDetector, CollapseDetector, ReferenceRun,
+from harness.monitors.detectors import (significantly_below, AmplificationDetector, CaptureDetector, CollapseDetector, ReferenceRun,
                                         LengthDriftDetector, NonFiniteDetector)
 
 CFG = MonitorConfig()
@@ -189,6 +189,21 @@ def test_collapse_is_relative_and_beyond_noise():
     dip = validations([(0.5, 0.06), (0.55, 0.06), (0.3, 0.06), (0.52, 0.06), (0.3, 0.06), (0.5, 0.06)])
     assert not fired(CollapseDetector(CFG.collapse), dip)
     assert not fired(CollapseDetector(CFG.collapse), [{"step": s} for s in range(10)])
+
+
+def test_the_drawn_validation_bar_is_the_rule_the_detector_applies():
+    """A report once drew the bar at 70% of the best while the rule also asks for 2 SE: a halved but
+    noisy accuracy sat under the line and did not fire. Under the drawn bar now means below the rule."""
+    noisy = validations([(0.25, 0.12), (0.14, 0.12), (0.13, 0.12), (0.15, 0.12), (0.0, 0.001)])
+    detector = CollapseDetector(CFG.collapse)
+    detector.trace = []
+    fired(detector, noisy)
+    rows = [r for r in detector.trace if r["signal"].startswith("validation accuracy")]
+    assert len(rows) == 4
+    for row, (accuracy, se) in zip(rows, [(0.14, 0.12), (0.13, 0.12), (0.15, 0.12), (0.0, 0.001)]):
+        below = significantly_below(accuracy, se, 0.25, 0.12, CFG.collapse.fraction, CFG.collapse.se)
+        assert (row["value"] < row["threshold"]) == below
+    assert [row["value"] < row["threshold"] for row in rows] == [False, False, False, True]
 
 
 def _paired_run(directory, accuracies, state=None):

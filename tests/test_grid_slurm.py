@@ -56,6 +56,7 @@ def test_smoke_sweep_on_slurm_then_a_relaunch_submits_nothing(smoke_sweep):
     jobs = ledger(tmp_path)
     second = launch(tmp_path, "sweep=smoke")
     assert second.returncode == 0 and "nothing to submit: all 7 cells" in second.stdout
+    assert f"sweep report: {tmp_path / 'smoke' / 'report' / 'index.html'}" in second.stdout  # where to look, again
     assert ledger(tmp_path) == jobs
     launches = json.loads((tmp_path / "smoke" / "launch.json").read_text())["launches"]  # what action=status composes
     assert [l["overrides"] for l in launches] == [[f"root={tmp_path}", "launcher=slurm", "sweep=smoke"]]

@@ -463,8 +463,10 @@ class CollapseDetector(Traced):
         if self.best is not None:
             best, best_se = self.best
             low = significantly_below(accuracy, se, best, best_se, self.cfg.fraction, self.cfg.se)
-            self._trace(record["step"], f"validation accuracy (bar: {self.cfg.fraction:.0%} of the best)", accuracy,
-                        self.cfg.fraction * best, fires="below")
+            # the bar as the rule applies it: under both fraction x best and best - se x SE of the difference
+            bar = min(self.cfg.fraction * best, best - self.cfg.se * math.sqrt(se ** 2 + best_se ** 2))
+            self._trace(record["step"], f"validation accuracy (bar: {self.cfg.fraction:.0%} of the best and "
+                        f"{self.cfg.se:g} SE below it; {self.cfg.patience} in a row)", accuracy, bar, fires="below")
             self.streak = self.streak + 1 if low else 0
             if self.streak >= self.cfg.patience:
                 alerts.append(Alert(record["step"], self.kind, None, None, accuracy, self.cfg.fraction * best,

@@ -67,6 +67,10 @@ class WorkflowConfig:
     prompts: Dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PROMPTS))  # by template name
     # auto: tiny scales keep the templates above, Qwen3 scales get the study's (harness/workflows/prompts.py)
     prompt_set: str = "auto"
+    # how the real-model (qwen3) contracts read an evaluator's verdict and an aggregator's selection: study
+    # (the study's code: the first boxed verdict or index, else the first digit 1-9) or tolerant (the last
+    # well-formed statement anywhere, for models that restate their choice; harness/workflows/contracts.py)
+    parse: str = "study"
 
 
 @dataclass

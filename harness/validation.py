@@ -323,6 +323,9 @@ def validate(cfg: CellConfig) -> None:
     _choose("task", cfg.task, sorted(TASKS))
     _choose("scale", cfg.scale, list(SCALES))
     _choose("engine", cfg.engine, ENGINES)
+    from harness.workflows.contracts import PARSES
+
+    _choose("contract parse (workflow.parse)", cfg.workflow.parse, PARSES)
     _choose("verl placement (verl.placement)", cfg.verl.placement, VERL_PLACEMENTS)
     _choose("verl device (verl.device)", cfg.verl.device, VERL_DEVICES)
     _choose("local engine device (local.device)", cfg.local.device, LOCAL_DEVICES)

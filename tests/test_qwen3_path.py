@@ -103,6 +103,24 @@ def test_realistic_replies_parse_with_their_intended_meaning():
         assert len(mine) >= 60 and right >= 0.95 * len(mine)
 
 
+def test_the_studys_first_box_rule_reads_fewer_realistic_replies_than_the_tolerant_one():
+    """workflow.parse=study (the default, upstream's rule) against the kept `tolerant` option on the
+    same realistic replies: the measured difference docs/study-settings.md states."""
+    from harness.workflows.contracts import study_index, study_verdict
+
+    rows = _fixture()
+    for role in ("evaluator", "aggregator"):
+        mine = [r for r in rows if r["role"] == role]
+        if role == "evaluator":
+            study = [None if (v := study_verdict(r["reply"], REVISE)).fallback else v.verdict for r in mine]
+        else:
+            study = [None if (p := study_index(r["reply"], 3, 1))[2] else p[0] + 1 for r in mine]
+        right_study = sum(_same(r, m) for r, m in zip(mine, study))
+        right_tolerant = sum(_same(r, _read(r)) for r in mine)
+        print(f"{role}: study {right_study}/{len(mine)}, tolerant {right_tolerant}/{len(mine)}")
+        assert right_study < right_tolerant and right_study >= 0.5 * len(mine)
+
+
 def test_format_compliance_is_strict_and_apart_from_the_fallback():
     exact = parse_verdict("The total is 12, as claimed.\n\\boxed{Correct}", tolerant=True, unparsed=REVISE)
     loose = parse_verdict("Verdict: the solution is not correct.\nFEEDBACK: the tax is applied twice", tolerant=True,

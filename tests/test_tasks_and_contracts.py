@@ -65,3 +65,29 @@ def test_index_and_subtask_contracts():
     assert parse_subtasks("1+2; 3", 2, "q") == (["1+2", "3"], False, False)
     assert parse_subtasks("a;b;c", 2, "q") == (["a", "b"], True, False)  # too many: the first two kept
     assert parse_subtasks("  ", 2, "q") == (["q"], True, True)
+
+
+def test_the_study_reads_the_first_boxed_verdict_and_selection():
+    """Upstream's parses (evaluator_optimizer_math_workflow.py l.183-194, voting_math_workflow.py
+    l.158-184): the first box wins where the tolerant reading takes the last statement."""
+    from harness.workflows.contracts import ACCEPT, REVISE, parse_index, parse_verdict, study_index, study_verdict
+
+    restated = "At first I thought \\boxed{Incorrect}, but on checking again: \\boxed{Correct}"
+    assert study_verdict(restated).verdict == REVISE and study_verdict(restated).malformed
+    assert parse_verdict(restated, tolerant=True, unparsed=REVISE).verdict == ACCEPT
+    assert study_verdict("The solution is right. \\boxed{correct}").verdict == ACCEPT  # any case
+    none = study_verdict("looks fine to me")
+    assert none.verdict == REVISE and none.fallback  # the study keeps refining an unreadable verdict
+    assert study_index("Solution 2 is weaker; I pick \\boxed{3}. Not \\boxed{2}.", 3) == (2, True, False)
+    assert study_index("\\boxed{3}", 3) == (2, False, False)
+    assert study_index("\\boxed{12}, that is solution 2 ... \\boxed{3}", 3) == (1, True, False)  # out of range: the first digit
+    assert study_index("\\boxed{7} ... \\boxed{3}", 3) == (0, True, True)  # the first digit (7) is out of range too
+    assert study_index("no choice stated", 3) == (0, True, True)  # candidate 1, a fallback
+    assert parse_index("\\boxed{7} ... \\boxed{3}", 3, tolerant=True, base=1)[0] == 2  # the last
+
+
+def test_a_parse_the_harness_does_not_know_is_one_error(tmp_path):
+    from harness.validation import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="workflow.parse.*'guess'.*study, tolerant"):
+        load_config(["workflow.parse=guess", f"root={tmp_path}"])

@@ -254,24 +254,32 @@ class Workflow(ABC):
         turn.fallback = parsed is None
         turn.malformed = turn.fallback or (self.style.tolerant and not self.task.states_answer_exactly(turn.text))
 
+    def _study_parse(self) -> bool:
+        """The real-model contracts read as the study's code reads them (workflow.parse=study)."""
+        return self.style.tolerant and getattr(self.cfg, "parse", "study") == "study"
+
     def mark_pick(self, pick: Turn, candidates: List[Turn]) -> int:
         """An aggregator's pick among marked candidate turns: its index, format and whether it chose
         a right one."""
-        from harness.workflows.contracts import parse_index
+        from harness.workflows.contracts import parse_index, study_index
 
         pick.stats["distinct_candidates"] = float(len({self.answer_of(t) for t in candidates}))  # 1: cannot matter
-        index, pick.malformed, pick.fallback = parse_index(pick.text, len(candidates), self.style.tolerant,
-                                                           self.style.index_base)
+        if self._study_parse():
+            index, pick.malformed, pick.fallback = study_index(pick.text, len(candidates), self.style.index_base)
+        else:
+            index, pick.malformed, pick.fallback = parse_index(pick.text, len(candidates), self.style.tolerant,
+                                                               self.style.index_base)
         pick.role_correct = (not pick.fallback) and bool(candidates[index].role_correct)
         return index
 
     def mark_verdict(self, judgement: Turn, draft_correct: bool):
         """An evaluator's verdict on a draft: its format, and whether it judged the draft right (a
         verdict read from reasoning still judged; the tiny contract also wants its feedback vocabulary)."""
-        from harness.workflows.contracts import ACCEPT, parse_verdict
+        from harness.workflows.contracts import ACCEPT, parse_verdict, study_verdict
 
         vocabulary = getattr(self.task, "feedback_vocabulary", lambda: [])()
-        verdict = parse_verdict(judgement.text, vocabulary, self.style.tolerant, self.style.unparsed_verdict)
+        verdict = (study_verdict(judgement.text, self.style.unparsed_verdict) if self._study_parse() else
+                   parse_verdict(judgement.text, vocabulary, self.style.tolerant, self.style.unparsed_verdict))
         judgement.malformed, judgement.fallback = verdict.malformed, verdict.fallback
         judged = not verdict.fallback and (self.style.tolerant or not verdict.malformed)
         judgement.role_correct = judged and ((verdict.verdict == ACCEPT) == draft_correct)

@@ -128,6 +128,41 @@ def _feedback(body: str) -> str:
     return " ".join(text.split())[:300]
 
 
+PARSES = ("study", "tolerant")  # how the real-model contracts read a verdict and a selection (workflow.parse)
+_STUDY_VERDICT = re.compile(r"\\boxed\{(Correct|Incorrect)\}", re.I)
+_STUDY_INDEX = re.compile(r"\\boxed\{(\d+)\}", re.I)
+_STUDY_DIGIT = re.compile(r"\b([1-9])\b")
+
+
+def study_verdict(text: str, unparsed: str = REVISE) -> Verdict:
+    """The study's verdict parse (examples/math_reasoning/evaluator_optimizer_math_workflow.py
+    l.183-194): the first `\\boxed{Correct}` / `\\boxed{Incorrect}`, any case; none: `unparsed` (the
+    study keeps refining). Feedback: the harness's `FEEDBACK:` line or the reply without its box.
+    Malformed: not exactly one box, or code in the verdict."""
+    body = visible(text)
+    found = list(_STUDY_VERDICT.finditer(body))
+    if not found:
+        return Verdict(unparsed, _feedback(_plain(text)) if unparsed == REVISE else "", True, True)
+    verdict = ACCEPT if found[0].group(1).lower() == "correct" else REVISE
+    malformed = len(found) != 1 or CODE_FENCE in text or found[0].group(1) not in ("Correct", "Incorrect")
+    return Verdict(verdict, _feedback(_plain(text)) if verdict == REVISE else "", malformed, False)
+
+
+def study_index(text: str, n: int, base: int = 1) -> Tuple[int, bool, bool]:
+    """The study's selection parse (examples/math_reasoning/voting_math_workflow.py l.158-184, the
+    code workflow's l.175-201 alike): the first `\\boxed{<digits>}` if in range (an out-of-range first
+    box does not look further), else the first standalone digit 1-9 anywhere if in range, else
+    candidate 1 (a fallback). Malformed: not one in-range box as the only box, or code in the reply."""
+    body = visible(text)
+    boxes = list(_STUDY_INDEX.finditer(body))
+    if boxes and base <= int(boxes[0].group(1)) < base + n:
+        return int(boxes[0].group(1)) - base, len(boxes) != 1 or CODE_FENCE in text, False
+    digit = _STUDY_DIGIT.search(body)
+    if digit and base <= int(digit.group(1)) < base + n:
+        return int(digit.group(1)) - base, True, False
+    return 0, True, True
+
+
 def parse_index(text: str, n: int, tolerant: bool = False, base: int = 0) -> Tuple[int, bool, bool]:
     """(0-based index, malformed, fallback). tiny: a bare index in [0, n); anything else picks
     candidate 0 and is malformed.

@@ -7,8 +7,10 @@ Two things are told apart for every judging turn:
 The tiny model's contracts are exact replies, parsed strictly (a malformed reply is a fallback,
 but for a REVISE whose feedback is outside the task's vocabulary). Real
 models (`tolerant=True`) wrap the statement in reasoning, markdown or a leaked `<think>` block:
-their parsers read the last well-formed statement anywhere in the reply, so a verdict with an
-explanation around it counts as that verdict and only its strict format check fails.
+with workflow.parse=tolerant their parsers read the last well-formed statement anywhere in the reply,
+so a verdict with an explanation around it counts as that verdict and only its strict format check
+fails; the default, workflow.parse=study, reads a verdict and a selection as the study's code does
+(`study_verdict`, `study_index`: the first box).
 """
 from __future__ import annotations
 

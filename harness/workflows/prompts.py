@@ -6,9 +6,9 @@ subtasks split by `;`), parsed strictly, and a malformed turn falls back as it a
 `qwen3`: the SP/IP study's wording for real checkpoints (math and code), each role told its
 output format: a `\\boxed{}` answer or a fenced program, a verdict `\\boxed{Correct}` /
 `\\boxed{Incorrect}` with a `FEEDBACK:` line, a selection `\\boxed{N}` over solutions numbered
-from 1, a plan of `STRATEGY k:` lines. Real models wrap these in reasoning, so their parsers
-find the last well-formed statement anywhere in the reply; format compliance is still measured
-against the exact instruction (harness/workflows/contracts.py).
+from 1, a plan of `STRATEGY k:` lines. Verdicts and selections are read as the study reads them
+(workflow.parse=study: the first box) or, tolerant, as the last well-formed statement anywhere;
+format compliance is measured against the exact instruction (harness/workflows/contracts.py).
 
 `workflow.prompt_set=auto` takes `tiny` on tiny scales and `qwen3` on Qwen3 scales; templates a
 cell overrides (`workflow.prompts.<name>=...`) win over the set's.

@@ -229,6 +229,11 @@ def _check_data(cfg: CellConfig) -> None:
         if not os.access(data, os.R_OK) or data.stat().st_size == 0:
             raise ConfigError(f"data.{key} {value} is {'empty' if os.access(data, os.R_OK) else 'not readable'}")
     _choose("data split (data.split)", cfg.data.split, DATA_SPLITS)
+    from harness.tasks.code import QUESTION_FORMATS
+
+    _choose("question format (data.question_format)", cfg.data.question_format, QUESTION_FORMATS)
+    if cfg.data.runtime_results and not Path(cfg.data.runtime_results).is_file():
+        raise ConfigError(f"data.runtime_results: no file at {cfg.data.runtime_results}")
     if cfg.data.split == "hf" and not (math.isfinite(cfg.data.test_size) and cfg.data.test_size > 0):
         raise ConfigError(f"data.test_size must be a fraction in (0, 1) or a count >= 1, got {cfg.data.test_size}")
     if cfg.data.val_task is not None:

@@ -52,6 +52,8 @@ CASES = [
     (["workflow.max_new_tokens=100000"], "workflow.max_new_tokens=100000 must be >= 1 and below the model's 512 positions"),
     (["+workflow.role_max_new_tokens={aggregator:4096}"], "workflow.role_max_new_tokens.aggregator=4096"),
     (["+reward.per_role.aggregator.length=nan"], "reward.per_role.aggregator.length must be a finite number"),
+    (["data.question_format=lcb"], "(data.question_format) 'lcb'; valid choices: livecodebench, plain"),
+    (["data.runtime_results=/nonexistent/runtime.json"], "data.runtime_results: no file at /nonexistent/runtime.json"),
 ]
 
 

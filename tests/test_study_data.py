@@ -70,7 +70,7 @@ def test_deepcoder_tests_of_every_format_run_in_the_sandbox():
     rows = [json.loads(line) for line in (FIXTURES / "deepcoder_sample.jsonl").read_text().splitlines()]
     kinds = []
     for row in rows:
-        problem = next(p for p in everything(task) if p.question.startswith(row["problem"]))
+        problem = next(p for p in everything(task) if row["problem"] in p.question)
         kinds.append(problem.meta["kind"])
         right = task.grade(problem, f"Here is my solution:\n```python\n{row['solution']}```")
         wrong = task.grade(problem, f"```python\n{row['wrong']}```")
@@ -85,12 +85,49 @@ def test_deepcoder_programs_cannot_see_or_fake_the_expected_output():
     """The expected output stays in the harness: a program that prints its stdin, reads files or
     returns a lying object does not pass (all it can send back is a string or plain data)."""
     task = task_for("deepcoder", FIXTURES / "deepcoder_sample.jsonl")
-    adder = next(p for p in everything(task) if p.question.startswith("Given two integers"))
+    adder = next(p for p in everything(task) if "Given two integers" in p.question)
     for attack in ("import sys\nprint(sys.stdin.read())",
                    "import os\nprint(os.listdir('/'))",
                    "class Eq(str):\n    def __eq__(self, other): return True\nprint(Eq('3'))",
                    "import builtins\nbuiltins.print = lambda *a, **k: None\n"):
         assert not task.grade(adder, f"```python\n{attack}\n```").correct, attack
+
+
+def test_deepcoder_questions_are_worded_as_the_study_words_them():
+    """LiveCodeBench's wrapper, byte for byte as rllm/data/utils.py l.66-76 builds it (the study's
+    question text); data.question_format=plain keeps the bare problem."""
+    from harness.tasks.code import livecodebench_question
+
+    assert livecodebench_question("Add two numbers.") == (
+        "You are an expert Python programmer. You will be given a question (problem specification) and will generate "
+        "a correct Python program that matches the specification and passes all tests.\n\nAdd two numbers.### Format: "
+        "Read the inputs from stdin solve the problem and write the answer to stdout (do not directly test on the sample "
+        "inputs). Enclose your code within delimiters as follows. Ensure that when the python program runs, it reads the "
+        "inputs, runs the algorithm and writes output to STDOUT.\n```python\n# YOUR CODE HERE\n```\n\n"
+        "### Answer: (use the provided format with backticks)\n\n")
+    wrapped = everything(task_for("deepcoder", FIXTURES / "deepcoder_sample.jsonl"))
+    plain = everything(task_for("deepcoder", FIXTURES / "deepcoder_sample.jsonl", question_format="plain"))
+    assert all(p.question.startswith("You are an expert Python programmer.") for p in wrapped)
+    two_sum = next(p for p in wrapped if "twoSum" in p.question)
+    assert "### Format: You will use the following starter code" in two_sum.question
+    assert not any(p.question.startswith("You are an expert") for p in plain)
+
+
+def test_the_runtime_filter_runs_before_the_split_as_the_studys(tmp_path):
+    """Tests that failed in the study's runtime file are dropped, a problem left with none is
+    dropped, and only then is the file split: which problems are held out depends on the filter."""
+    rows = [json.loads(line) for line in (FIXTURES / "deepcoder_sample.jsonl").read_text().splitlines()]
+    runtime = {"0": {"0": {"status": "passed"}, "1": {"status": "failed"}, "2": {"status": "passed"}},
+               "1": {str(i): {"status": "timeout"} for i in range(10)}}
+    (tmp_path / "runtime.json").write_text(json.dumps(runtime))
+    base = task_for("deepcoder", FIXTURES / "deepcoder_sample.jsonl", split="hf", test_size=2)
+    kept = task_for("deepcoder", FIXTURES / "deepcoder_sample.jsonl", split="hf", test_size=2,
+                    runtime_results=str(tmp_path / "runtime.json"))
+    assert len(everything(base)) == len(rows) and len(everything(kept)) == len(rows) - 1
+    assert not any(rows[1]["problem"] in p.question for p in everything(kept))  # no passing test left
+    adder = next(p for p in everything(kept) if rows[0]["problem"] in p.question)
+    assert [case[0] for case in adder.meta["cases"]] == ["1 2\n", "1000000000 1000000000\n"]
+    assert [p.question for p in kept.problems("val")] != [p.question for p in base.problems("val")]
 
 
 def test_deepcoder_test_formats():

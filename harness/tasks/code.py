@@ -222,23 +222,74 @@ def _text(value) -> str:
     return "\n".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
+# LiveCodeBench's question wrapper as the study applies it to every DeepCoder problem
+# (examples/deepcoder/prepare_deepcoder_data.py l.59-60; rllm/data/utils.py l.66-76; rllm/system_prompts.py l.272-276)
+LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question (problem specification) and will "
+              "generate a correct Python program that matches the specification and passes all tests.")
+LCB_WITH_STARTER = ("You will use the following starter code to write the solution to the problem and enclose your "
+                    "code within delimiters.")
+LCB_WITHOUT_STARTER = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not directly "
+                       "test on the sample inputs). Enclose your code within delimiters as follows. Ensure that when "
+                       "the python program runs, it reads the inputs, runs the algorithm and writes output to STDOUT.")
+QUESTION_FORMATS = ("livecodebench", "plain")
+
+
+def livecodebench_question(problem: str, starter: str = "") -> str:
+    """The study's question text, byte for byte (no separator between the problem and `### Format:`)."""
+    text = LCB_SYSTEM + "\n\n" + problem
+    if starter:
+        text += f"### Format: {LCB_WITH_STARTER}\n```python\n{starter}\n```\n\n"
+    else:
+        text += f"### Format: {LCB_WITHOUT_STARTER}\n```python\n# YOUR CODE HERE\n```\n\n"
+    return text + "### Answer: (use the provided format with backticks)\n\n"
+
+
+def runtime_filtered(rows: List[dict], runtime: dict) -> List[dict]:
+    """The study's runtime filter (prepare_deepcoder_data.py l.22-51), applied before its split: a
+    problem (keyed by its row index) keeps the tests whose runtime status is "passed"; one missing
+    from the file keeps all; one left with no test is dropped. Only list-form tests are filtered (the
+    study's loop would enumerate a TACO dict's keys; the primeintellect split has none)."""
+    import json
+
+    kept = []
+    for index, row in enumerate(rows):
+        statuses = runtime.get(str(index))
+        tests = json.loads(row["tests"]) if isinstance(row.get("tests"), str) else row.get("tests")
+        if statuses is None or not isinstance(tests, list):
+            kept.append(row)
+            continue
+        passing = [t for i, t in enumerate(tests) if (statuses.get(str(i)) or {}).get("status") == "passed"]
+        if passing:
+            kept.append({**row, "tests": json.dumps(passing)})
+    return kept
+
+
 class DeepCoderTask(CodeTask):
     """DeepCoder (the study's code set): `problem` (or `question`), `tests` (JSON: stdin/stdout or
-    call-based cases) and `metadata`; every case runs in the sandbox and all must pass."""
+    call-based cases) and `metadata`; every case runs in the sandbox and all must pass. As the study
+    prepares it: the runtime filter first (data.runtime_results), then the split, each question in
+    LiveCodeBench's wrapper (data.question_format=livecodebench; plain: the bare problem)."""
 
     name = "deepcoder"
 
     def __init__(self, data, sandbox_cfg):
+        import json
+
         super().__init__(sandbox_cfg)
         problems = []
-        for i, row in enumerate(read_rows(Path(data.path))):
+        rows = list(read_rows(Path(data.path)))
+        if data.runtime_results:
+            rows = runtime_filtered(rows, json.loads(Path(data.runtime_results).read_text()))
+        for i, row in enumerate(rows):
             try:
                 kind, cases, fn = deepcoder_tests(row["tests"], row.get("metadata"))
             except (KeyError, ValueError) as exc:
                 raise ValueError(f"{data.path} row {i + 1}: unreadable tests ({exc})") from None
             question = row.get("problem") or row.get("question")
             starter = row.get("starter_code") or ""
-            if starter:
+            if data.question_format == "livecodebench":
+                question = livecodebench_question(question, starter)
+            elif starter:
                 question = f"{question}\n\nStart from this code:\n```python\n{starter}\n```"
             problems.append(Problem(f"deepcoder-{row.get('uid', i)}", question, "",
                                     {"kind": kind, "cases": cases, "fn": fn}))

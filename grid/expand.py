@@ -139,7 +139,8 @@ def task_overrides(task_axis: str, scale: str, task_data: str, data_root: Option
     root = data_root or os.environ.get(DATA_ROOT_ENV) or f"${DATA_ROOT_ENV}"
     files = {key: str(Path(root).expanduser() / name) for key, name in (study.get("files") or {}).items()}
     per_topology = (study.get("topology") or {}).get(topology) or {}
-    return _merge(study.get("cell") or {}, per_topology, {"task": study["task"], "data": files})
+    per_scale = (study.get("scale") or {}).get(scale) or {}
+    return _merge(study.get("cell") or {}, per_topology, per_scale, {"task": study["task"], "data": files})
 
 
 def missing_data(overrides: Dict[str, Any]) -> List[str]:

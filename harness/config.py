@@ -86,6 +86,9 @@ class SharingConfig:
 @dataclass
 class ModelConfig:
     path: Optional[str] = None  # local checkpoint dir for qwen3-* scales
+    # the checkpoint's folder under $MARL_MODEL_ROOT when model.path is not given; None: the scale's own
+    # (Qwen3-4B, ...). The study starts 4B code cells from its own warm-started weights (grid/conf/task/code.yaml)
+    dirname: Optional[str] = None
     lora_rank: int = 8
     lora_alpha: int = 16
     lora_targets: List[str] = field(

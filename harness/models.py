@@ -86,7 +86,7 @@ def resolve_model_path(cfg: CellConfig) -> Optional[Path]:
     if cfg.model.path:
         path = Path(cfg.model.path).expanduser()
     elif os.environ.get("MARL_MODEL_ROOT"):
-        path = Path(os.environ["MARL_MODEL_ROOT"]) / spec.dirname
+        path = Path(os.environ["MARL_MODEL_ROOT"]) / (cfg.model.dirname or spec.dirname)
     else:
         raise ConfigError(f"scale {cfg.scale} needs a local checkpoint: set model.path=/path/to/{spec.dirname} "
                           f"or MARL_MODEL_ROOT (no hub download at run time)")

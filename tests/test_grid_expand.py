@@ -323,3 +323,34 @@ def test_the_unitymas_sweep_takes_the_papers_sharing_on_its_axis():
         "mask_search-paper-search-tiny-s-s0", "qd_retrieve_answer-paper-search-tiny-s-s0",
         "qd_retrieve_evidence_answer-paper-search-tiny-s-s0", "reflective_code-paper-verified_code-tiny-s-s0"]
     check_cells(cells, strict=True)
+
+
+def test_4b_code_cells_start_from_the_studys_warm_started_weights(tmp_path, monkeypatch):
+    """examples/deepcoder/train_deepcoder_*.sh start Qwen3-4B code runs from
+    checkpoints/init_weight/qwen3_4b_s300_deepcoder; full_matrix's 4B code cells look for it under
+    the model root, other cells for the base checkpoints."""
+    from grid.expand import task_overrides
+    from harness.config import ConfigError
+    from harness.models import resolve_model_path
+    from harness.config import CellConfig
+    from omegaconf import OmegaConf
+
+    code_4b = task_overrides("code", "qwen3-4b", "study", str(tmp_path), "voting")
+    math_4b = task_overrides("math", "qwen3-4b", "study", str(tmp_path), "voting")
+    code_1b = task_overrides("code", "qwen3-1.7b", "study", str(tmp_path), "voting")
+    assert code_4b["model"] == {"dirname": "init_weight/qwen3_4b_s300_deepcoder"}
+    assert "model" not in math_4b and "model" not in code_1b
+    (tmp_path / "Qwen3-4B").mkdir()
+    (tmp_path / "Qwen3-4B" / "config.json").write_text("{}")
+    monkeypatch.setenv("MARL_MODEL_ROOT", str(tmp_path))
+
+    def cfg(overrides):
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CellConfig),
+                                                   {"scale": "qwen3-4b", "model": overrides.get("model", {})}))
+
+    assert resolve_model_path(cfg(math_4b)) == tmp_path / "Qwen3-4B"
+    with pytest.raises(ConfigError, match="init_weight/qwen3_4b_s300_deepcoder"):
+        resolve_model_path(cfg(code_4b))
+    (tmp_path / "init_weight" / "qwen3_4b_s300_deepcoder").mkdir(parents=True)
+    (tmp_path / "init_weight" / "qwen3_4b_s300_deepcoder" / "config.json").write_text("{}")
+    assert resolve_model_path(cfg(code_4b)) == tmp_path / "init_weight" / "qwen3_4b_s300_deepcoder"

@@ -129,6 +129,19 @@ def closest_dotted(key: str, schema) -> str:
     return f"; did you mean {', '.join(near[:3])}?" if near else ""
 
 
+def in_free_dict(key: str, schema) -> bool:
+    """`key` (dotted) is one of the schema's free-form dicts (algo.kl_coef_per_role) or lies under one
+    (workflow.prompts.voter): setting it may add a name its defaults lack."""
+    node = OmegaConf.structured(schema)
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node and OmegaConf.get_type(node) is not dict:
+            return False
+        if OmegaConf.get_type(node) is dict:
+            return True
+        node = node._get_node(part)
+    return isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict
+
+
 def is_schema_key(key: str, schema) -> bool:
     """`key` (dotted) names a key of the schema, or lies under one of its free-form dicts."""
     node = OmegaConf.structured(schema)

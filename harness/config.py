@@ -150,6 +150,10 @@ class AlgoConfig:
     adv_norm: str = "group"  # group: GRPO's std over the group; agent: the role's std over the batch (Dr. MAS)
     role_count_scaling: bool = False  # n same-type instances on a policy: mini-batches n x as large
     coherence_reg: float = 0.0  # λ > 0: each step's lr / (1 + λ(coherence - 1)) of same-type instances (algo/coherence.py)
+    # the study's I6 (algo/coherence_damping.py): policy -> λ; its gradient x (1 - λ clamp(cos(g, EMA g), 0, 1)) at each
+    # mini-batch, before clipping (upstream trainer.coherence_reg.per_role_weights, ema_window 128; engine=local)
+    coherence_damping: Dict[str, float] = field(default_factory=dict)
+    coherence_damping_window: int = 128
     # an induced failure for validating detectors (sweep=repro_lr_spike): lr x lr_spike_factor on the
     # lr_spike_steps training steps from lr_spike_start (0 steps: off)
     lr_spike_factor: float = 1.0

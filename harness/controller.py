@@ -215,6 +215,9 @@ def update_metrics(update) -> Dict[str, float]:
     for policy, (mean, largest) in update.rollout_probs_diff.items():
         metrics[f"policy/{policy}/rollout_probs_diff_mean"] = mean
         metrics[f"policy/{policy}/rollout_probs_diff_max"] = largest
+    for policy, damped in update.coherence_damping.items():  # the study's I6, as its actor logs coherence_cos/_scale
+        metrics[f"policy/{policy}/coherence_cos"] = sum(c for c, _ in damped) / len(damped)
+        metrics[f"policy/{policy}/coherence_scale"] = sum(s for _, s in damped) / len(damped)
     for policy, steps in update.minibatches.items():  # the first step is on-policy; later ones may clip
         metrics[f"policy/{policy}/clipfrac_first"] = steps[0]["clipfrac"]
         if "lr_scale" in steps[0]:  # algo.coherence_reg: the mean learning-rate factor of the steps

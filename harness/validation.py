@@ -59,14 +59,14 @@ def load_config(overrides: Sequence[str]) -> CellConfig:
     return _complete(cfg)
 
 
-PROMPTS_KEY = "workflow.prompts."
-
-
 def _prompts_set_or_added(overrides: Sequence[str]) -> list:
-    """`workflow.prompts.<name>=...` sets any template, a graph's own too: Hydra's struct would ask for
-    `+` where the built-in defaults lack the name, so the key is set or added (`++`) and validate()
-    checks the name against the workflow's templates."""
-    return [f"++{o}" if o.startswith(PROMPTS_KEY) else o for o in overrides]
+    """A key in or at a free-form dict (`workflow.prompts.<name>=...`, `algo.kl_coef_per_role={voter: 0.1}`)
+    is set or added (`++`): Hydra's struct would ask for `+` where the defaults lack the name;
+    validate() checks the names (a template against the workflow's, a role against the topology's)."""
+    from harness.cli_overrides import in_free_dict
+
+    return [f"++{o}" if not o.startswith("+") and "=" in o and in_free_dict(o.split("=", 1)[0], CellConfig) else o
+            for o in overrides]
 
 
 def config_from_dict(values: dict) -> CellConfig:
@@ -438,6 +438,15 @@ def validate(cfg: CellConfig) -> None:
                                          ("algo.frozen_policies", cfg.algo.frozen_policies)) if value]
     if branched and (cfg.engine != "local" or cfg.models or cfg.algo.adv_estimator != "grpo"):
         raise ConfigError(f"{branched[0]} (a diagnosis arm) needs engine=local without models= and algo.adv_estimator=grpo")
+    if cfg.algo.coherence_damping:
+        bad = {p: w for p, w in cfg.algo.coherence_damping.items() if not (math.isfinite(float(w)) and 0 <= float(w) <= 1)}
+        if bad:
+            policy, weight = next(iter(bad.items()))
+            raise ConfigError(f"algo.coherence_damping.{policy}={weight}: a weight is in [0, 1] (upstream advises <= 0.3)")
+        if cfg.engine != "local" or cfg.models:
+            raise ConfigError("algo.coherence_damping (the study's I6) runs on engine=local without models=")
+        if cfg.algo.coherence_damping_window < 1:
+            raise ConfigError(f"algo.coherence_damping_window must be >= 1, got {cfg.algo.coherence_damping_window}")
     if cfg.resample < 0:
         raise ConfigError(f"resample must be >= 0 (0: the run's own random stream), got {cfg.resample}")
     if cfg.monitors.collapse.trend_window < 0 or cfg.monitors.collapse.trend_patience < 1:

@@ -179,3 +179,28 @@ def test_lr_schedule_is_verls_cosine_with_warmup():
     assert values[0] == 0.0 and abs(values[1] - 5 / 15) < 1e-9 and values[2] == 1.0
     assert abs(values[3] - 0.5) < 0.01 and values[4] < 1e-3
     assert lr_multiplier(SimpleNamespace(lr_schedule="constant", lr_warmup_steps=0), 500, 3) == 1.0
+
+
+def test_the_studys_i6_damping_by_hand():
+    """scale = 1 - λ clamp(cos(g, EMA), 0, 1); the EMA starts at the first gradient (cos 1) and moves
+    toward the scaled gradient with τ = 1 - 1/window (upstream's i6-coherence-regularizer.md)."""
+    import torch
+
+    from harness.algo.coherence_damping import CoherenceDamping
+
+    damping = CoherenceDamping({"voter": 0.3}, window=4)
+    g1 = [torch.tensor([3.0, 0.0]), None, torch.tensor([4.0])]
+    cos, scale = damping.apply("voter", g1)
+    assert abs(cos - 1.0) < 1e-6 and abs(scale - 0.7) < 1e-6
+    assert torch.allclose(g1[0], torch.tensor([2.1, 0.0])) and torch.allclose(g1[2], torch.tensor([2.8]))
+    ema = [torch.tensor([3.0 * 0.75 + 2.1 * 0.25, 0.0]), torch.tensor([4.0 * 0.75 + 2.8 * 0.25])]
+    assert all(torch.allclose(a, b) for a, b in zip(damping.ema["voter"], ema))
+    g2 = [torch.tensor([0.0, 5.0]), None, torch.tensor([0.0])]  # orthogonal to the history: untouched
+    cos, scale = damping.apply("voter", g2)
+    assert abs(cos) < 1e-6 and scale == 1.0 and torch.allclose(g2[0], torch.tensor([0.0, 5.0]))
+    g3 = [torch.tensor([-3.0, 0.0]), None, torch.tensor([-4.0])]  # opposed: not damped (one-sided clamp)
+    assert damping.apply("voter", g3)[1] == 1.0
+    assert damping.apply("aggregator", [torch.tensor([1.0])]) is None  # no weight: no EMA, no change
+    restored = CoherenceDamping({"voter": 0.3}, window=4)
+    restored.load(damping.tensors())
+    assert all(torch.equal(a, b) for a, b in zip(restored.ema["voter"], damping.ema["voter"]))

@@ -123,3 +123,12 @@ def test_make_demo_installs_only_what_the_smoke_sweep_needs():
     tasks = {yaml.safe_load((repo / "grid" / "conf" / "task" / f"{axis}.yaml").read_text())["tiny"] for axis in smoke["task"]}
     assert tasks == {"arith"} and not tasks & set(CODE_TASKS), "a code task in the smoke sweep needs the jail: add jail to demo"
     assert not any(isinstance(SCALES[s], RandomQwen3) for s in smoke["scale"]), "a Qwen3-tokenizer scale: add qwen3-tokenizer"
+
+
+def test_a_free_form_setting_takes_a_whole_dict_without_plus(tmp_path):
+    """`algo.kl_coef_per_role={voter: 0.1}` once failed "Key 'voter' is not in struct" and asked for `+`:
+    a setting that is a free-form dict takes new names like any other value."""
+    from harness.validation import load_config
+
+    cfg = load_config(["algo.kl_coef_per_role={voter:0.1}", "algo.coherence_damping.voter=0.3", f"root={tmp_path}"])
+    assert cfg.algo.kl_coef_per_role == {"voter": 0.1} and cfg.algo.coherence_damping == {"voter": 0.3}

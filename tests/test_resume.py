@@ -7,8 +7,9 @@ import time
 from harness.logging import read_jsonl
 from tests.conftest import REPO, python_cmd
 
+# the study's I6 damping on the voter adapter: its gradient EMA is state a resume must restore too
 ARGS = ["topology=voting", "sharing=ip", "steps=16", "ckpt_every=4", "val_every=5", "val_problems=8",
-        "progress=false"]
+        "progress=false", "algo.coherence_damping={voter:0.3}"]
 
 
 def _run(root, timeout=300):
@@ -41,6 +42,7 @@ def test_sigkill_then_resume_continues_exactly(tmp_path, warm_model_dir):
     for got, want in zip(read_jsonl(metrics), reference):
         assert got["reward/mean"] == want["reward/mean"], got["step"]
         assert abs(got["policy/voter/grad_norm"] - want["policy/voter/grad_norm"]) < 1e-6
+        assert abs(got["policy/voter/coherence_cos"] - want["policy/voter/coherence_cos"]) < 1e-6, got["step"]
 
     again = _run(killed_root)
     assert again.returncode == 0 and "already finished at step 16" in again.stdout

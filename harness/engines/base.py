@@ -51,6 +51,8 @@ class UpdateResult:
     rollout_probs_diff: Dict[str, Tuple[float, float]] = field(default_factory=dict)
     # per role: ratio_std, and the study's training_ppl, ppl_ratio, chi2_token (add_offpolicy)
     role_extra: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    # per policy, per optimizer step: (cos, scale) of the study's I6 damping (algo.coherence_damping)
+    coherence_damping: Dict[str, List[Tuple[float, float]]] = field(default_factory=dict)
 
 
 @dataclass

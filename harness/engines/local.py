@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from harness.algo.loss import BatchNorm, ClipConfig, aggregate, kl_to_reference, ppo_clip_loss
+from harness.algo.coherence_damping import CoherenceDamping
 from harness.config import kl_beta
 from harness.engines.adapters import attach_adapters
 from harness.engines.base import (STAT_SUMS, MiniBatch, ProbsDiff, UpdateResult, add_offpolicy, clip_coefficients,
@@ -112,6 +113,7 @@ class LocalEngine:
         # fused: one kernel for all of a policy's tensors (the per-tensor loop is ~5x slower at LoRA sizes)
         algo = cfg.algo
         self.optimizers = {p: self._optimizer(self.params[p]) for p in self.policies}
+        self.damping = CoherenceDamping(algo.coherence_damping, algo.coherence_damping_window)
         self.model.eval()  # no dropout anywhere; gradients still flow
 
     # ---------------------------------------------------------------- generate
@@ -263,6 +265,9 @@ class LocalEngine:
                 clipped, tokens = sum(stats["clipped"].values()), sum(stats["tokens"].values())
                 losses[policy] = self._backward(policy, plan[policy][k], old[policy], stats, probe, kl_now)
                 counted[policy] = (sum(stats["clipped"].values()) - clipped, sum(stats["tokens"].values()) - tokens)
+                damped = self.damping.apply(policy, [p.grad for p in self.params[policy]])
+                if damped is not None:  # I6: before clipping, as upstream
+                    result.coherence_damping.setdefault(policy, []).append(damped)
                 grads = [p.grad for p in self.params[policy] if p.grad is not None]
                 norms[policy] = norm_of(grads)
             factors = clip_coefficients(norms, algo.max_grad_norm, algo.clip_scope)
@@ -303,7 +308,8 @@ class LocalEngine:
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
         return {"params": {p: [t.detach().clone() for t in self.params[p]] for p in self.policies},
-                "optimizers": {p: self.optimizers[p].state_dict() for p in self.policies}}
+                "optimizers": {p: self.optimizers[p].state_dict() for p in self.policies},
+                "coherence_ema": dict(self.damping.tensors())}
 
     def load_state_dict(self, state: dict) -> None:
         with torch.no_grad():
@@ -311,6 +317,7 @@ class LocalEngine:
                 for target, value in zip(self.params[policy], state["params"][policy]):
                     target.copy_(value)
                 self.optimizers[policy].load_state_dict(state["optimizers"][policy])
+        self.damping.load(state.get("coherence_ema") or {})
 
     def save(self, path: Path) -> None:
         """Tensors in safetensors (no pickle), the optimizers' plain settings in JSON."""
@@ -321,6 +328,7 @@ class LocalEngine:
             for i, t in enumerate(self.params[policy]):
                 tensors[f"param/{policy}/{i}"] = t.detach().contiguous()
             settings[policy] = split_optimizer_state(self.optimizers[policy].state_dict(), f"optim/{policy}/", tensors)
+        tensors.update(self.damping.tensors())
         save_file(tensors, str(Path(path) / "engine.safetensors"))
         (Path(path) / "optimizers.json").write_text(json.dumps(settings))
 
@@ -372,4 +380,5 @@ class LocalEngine:
         settings = json.loads((Path(path) / "optimizers.json").read_text())
         params = {p: [tensors[f"param/{p}/{i}"] for i in range(len(self.params[p]))] for p in self.policies}
         optimizers = {p: join_optimizer_state(settings[p], f"optim/{p}/", tensors) for p in self.policies}
-        self.load_state_dict({"params": params, "optimizers": optimizers})
+        self.load_state_dict({"params": params, "optimizers": optimizers,
+                              "coherence_ema": {k: v for k, v in tensors.items() if k.startswith("coherence_ema/")}})

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 if __package__ in (None, ""):  # `python grid/launch.py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -145,8 +145,28 @@ def compose(overrides: Sequence[str]) -> DictConfig:
         lines = str(exc).splitlines()
         cause = str(exc.__cause__ or "").splitlines()
         raise GridError(f"bad override: {lines[0] if lines else exc}" + (f": {cause[0]}" if cause else "")) from None
+    replace_axes(cfg, overrides)
     typed_options(cfg)
     return cfg
+
+
+def replace_axes(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """An axis given a dict of values (`'sweep.extra_axes.action={alert:{}}'`) is that axis, not the
+    sweep file's merged with it: Hydra merges a dict into a dict, which would keep the file's other
+    values (the action axis would still hold `mitigate`) and run cells nobody asked for."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import open_dict
+
+    parser = OverridesParser.create()
+    for text in overrides:
+        key = _key(text)
+        parts = key.split(".")
+        if text.startswith("~") or len(parts) != 3 or parts[:2] not in (["sweep", "axes"], ["sweep", "extra_axes"]):
+            continue
+        value = parser.parse_override(text.lstrip("+")).value()
+        if isinstance(value, dict):
+            with open_dict(cfg):
+                OmegaConf.update(cfg, key, value, merge=False)
 
 
 SESSION_KEYS = ("action", "dry_run", "wait")  # how this command runs, not what the sweep is

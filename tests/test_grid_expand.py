@@ -354,3 +354,14 @@ def test_4b_code_cells_start_from_the_studys_warm_started_weights(tmp_path, monk
     (tmp_path / "init_weight" / "qwen3_4b_s300_deepcoder").mkdir(parents=True)
     (tmp_path / "init_weight" / "qwen3_4b_s300_deepcoder" / "config.json").write_text("{}")
     assert resolve_model_path(cfg(code_4b)) == tmp_path / "init_weight" / "qwen3_4b_s300_deepcoder"
+
+
+def test_an_axis_given_as_a_dict_replaces_the_sweeps_values():
+    """'sweep.extra_axes.action={alert:{}}' once merged into the file's {alert, mitigate} and still ran
+    the mitigate cells: a studies' arms command branched cells it had not asked for."""
+    cfg = compose(["sweep=repro_branch", "sweep.axes.seed=[600]", "sweep.extra_axes.action={alert:{}}"])
+    assert list(cfg.sweep.extra_axes.action) == ["alert"]
+    ids = [c.cell_id for c in expand(cfg.sweep, cfg.cluster, "runs")]
+    assert ids and not any("mitigate" in i for i in ids)
+    kept = compose(["sweep=repro_branch", "sweep.axes.seed=[600]"])
+    assert sorted(kept.sweep.extra_axes.action) == ["alert", "mitigate"]

@@ -144,3 +144,85 @@ def pooled_failures(rows: Sequence[dict], sharing: str, mechanism: str) -> str:
             if r.get("sharing") == sharing and r["arm"] == NONE}
     keys = sorted(set(arm) & set(none))
     return compare_failures([arm[k] for k in keys], [none[k] for k in keys]).text()
+
+
+# ------------------------------------------------------------------ diagnoses across a sweep
+VERDICTS = ("amplification", "capture", "length drift", "generic", "undetermined")
+NOT_FAILED = "did not fail"
+
+
+def run_verdict(diagnosis: dict) -> str:
+    """One verdict per diagnosed run: the first branch point's named mechanism where one names one,
+    else "generic" where one point found only slowing down to help, else "undetermined"."""
+    verdicts = [p["verdict"] for p in diagnosis.get("points", [])]
+    named = [v for v in verdicts if v not in ("generic", "undetermined")]
+    return named[0] if named else "generic" if "generic" in verdicts else "undetermined"
+
+
+def sweep_diagnoses(sweep: Path) -> List[dict]:
+    """Per multi-agent run of a sweep: its axes (topology, sharing, a `planted` cause where the sweep
+    plants one), whether it failed, and its diagnosis (None: not diagnosed)."""
+    import json
+
+    import yaml
+
+    from analysis.load import find_runs
+
+    rows = []
+    for run in find_runs(sweep):
+        cell = yaml.safe_load((run / "cell.yaml").read_text()) or {}
+        if cell.get("topology") == "single":
+            continue
+        found = run / "diagnosis.json"
+        diagnosis = json.loads(found.read_text()) if found.is_file() else None
+        failed = diagnosis is not None and diagnosis.get("failure") is not None
+        if diagnosis is None:
+            from analysis.labels import label_run
+
+            failed = bool(label_run(run))
+        rows.append({"cell": cell.get("cell_id") or run.name, "topology": cell.get("topology"),
+                     "sharing": cell.get("sharing"), "planted": (cell.get("extra") or {}).get("planted"),
+                     "failed": failed, "verdict": run_verdict(diagnosis) if diagnosis else None,
+                     "line": "; ".join(diagnosis.get("lines", [])) if diagnosis else ""})
+    return rows
+
+
+def mechanism_table(rows: Sequence[dict]):
+    """Diagnosed failures by topology x sharing: how many runs each verdict went to."""
+    import pandas as pd
+
+    diagnosed = [r for r in rows if r["verdict"]]
+    if not diagnosed:
+        return pd.DataFrame()
+    frame = pd.DataFrame(diagnosed)
+    table = pd.crosstab([frame["topology"], frame["sharing"]], frame["verdict"])
+    return table.reindex(columns=[v for v in VERDICTS if v in table.columns]).reset_index()
+
+
+def confusion(rows: Sequence[dict]):
+    """Planted cause x diagnosed verdict over a sweep's planted cells (failures not yet diagnosed are
+    left out; planted cells that never failed are a column of their own)."""
+    import pandas as pd
+
+    planted = [r for r in rows if r.get("planted")]
+    if not planted:
+        return pd.DataFrame()
+    labels = [r["verdict"] if r["verdict"] else NOT_FAILED for r in planted if r["verdict"] or not r["failed"]]
+    causes = [str(r["planted"]).replace("_", " ") for r in planted if r["verdict"] or not r["failed"]]
+    table = pd.crosstab(pd.Series(causes, name="planted"), pd.Series(labels, name="diagnosed"))
+    columns = [v for v in VERDICTS + (NOT_FAILED,) if v in table.columns]
+    return table.reindex(columns=columns, fill_value=0).reset_index()
+
+
+def confusion_summary(rows: Sequence[dict]) -> str:
+    """What the confusion matrix shows against its aim: every planted registry cause named, no
+    mechanism named for a cause outside the registry."""
+    diagnosed = [r for r in rows if r.get("planted") and r["verdict"]]
+    inside = [r for r in diagnosed if str(r["planted"]).replace("_", " ") in VERDICTS[:3]]
+    outside = [r for r in diagnosed if str(r["planted"]).replace("_", " ") not in VERDICTS[:3]]
+    right = sum(r["verdict"] == str(r["planted"]).replace("_", " ") for r in inside)
+    wrong_outside = sum(r["verdict"] in VERDICTS[:3] for r in outside)
+    undiagnosed = sum(1 for r in rows if r.get("planted") and r["failed"] and not r["verdict"])
+    return (f"{right} of {len(inside)} diagnosed failures with a planted registry cause named it; "
+            f"{wrong_outside} of {len(outside)} with the cause outside the registry were given a mechanism "
+            f"(aim: all and none)" + (f"; {undiagnosed} failed planted cells not diagnosed yet" if undiagnosed else ""))

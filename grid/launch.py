@@ -420,7 +420,21 @@ def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int
             verdict = json.loads(write_verdict(run).read_text())
             for line in verdict["lines"]:
                 out(f"{run.name}: {line}")
+        print_confusion(sweep_dir, out)
+        sweep_report(sweep_dir, out)
     return code
+
+
+def print_confusion(sweep_dir: Path, out) -> None:
+    """Where the sweep plants causes (a `planted` axis): planted x diagnosed, and how it meets its aim."""
+    from analysis.diagnosis import confusion, confusion_summary, sweep_diagnoses
+    from analysis.tables import to_markdown
+
+    rows = sweep_diagnoses(sweep_dir)
+    table = confusion(rows)
+    if len(table):
+        out("planted cause x diagnosis:\n" + to_markdown(table))
+        out(confusion_summary(rows))
 
 
 def sweep_report(sweep_dir: Path, out) -> None:

@@ -71,6 +71,10 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
                  "before (<code>python -m reports.indicators</code>)</h2>",
                  f'<p><a href="{esc(indicators.name)}">the ranked table</a></p>', image(indicators.with_suffix(".png"),
                                                                                       "top signals aligned at the failure")]
+    diagnoses = diagnosis_tables(sweep)
+    if diagnoses:
+        for title, frame in diagnoses:
+            body += [f"<h2>{esc(title)}</h2>", table(frame)]
     evaluation = evaluation_table(sweep)
     if evaluation is not None:
         body += ["<h2>Checkpoint evaluation (pass@k, <code>python -m analysis.evaluate</code>)</h2>",
@@ -95,6 +99,8 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
         md += ["## Loop rounds over training", "", "![loop rounds](loops.png)", ""]
     if indicators is not None:
         md += ["## What led the failures", "", f"[The ranked leading-indicator table]({indicators.name})", ""]
+    for title, frame in diagnoses:
+        md += [f"## {title}", "", md_table(frame), ""]
     if evaluation is not None:
         md += ["## Checkpoint evaluation (pass@k)", "", md_table(evaluation), ""]
     md += ["## Failure modes", "", md_table(modes), "", "## Run reports", ""]
@@ -125,6 +131,26 @@ def sweep_finding(gains, cells) -> str:
 def metric_of(cells, task_axis: str) -> str:
     """The headline metric's name for a task axis value (F1 for QA, accuracy otherwise)."""
     return headline_name(cells.loc[cells["task_axis"].astype(str) == str(task_axis), "task"])
+
+
+def diagnosis_tables(sweep: Path) -> list:
+    """(title, table) of the sweep's diagnoses (action=diagnose): each diagnosed run's verdict, the
+    verdicts by topology x sharing, and planted x diagnosed where the sweep plants its causes."""
+    import pandas as pd
+
+    from analysis.diagnosis import confusion, confusion_summary, mechanism_table, sweep_diagnoses
+
+    rows = sweep_diagnoses(sweep)
+    diagnosed = [r for r in rows if r["verdict"]]
+    if not diagnosed:
+        return []
+    out = [("Why the failed runs failed: diagnoses by counterfactual (python -m harness.diagnose)",
+            pd.DataFrame(diagnosed)[["cell", "sharing", "verdict", "line"]]),
+           ("Diagnoses by topology x sharing", mechanism_table(rows))]
+    matrix = confusion(rows)
+    if len(matrix):
+        out.append((f"Planted cause x diagnosis: {confusion_summary(rows)}", matrix))
+    return out
 
 
 def leading_indicators(sweep: Path):

@@ -125,3 +125,46 @@ def test_a_mechanism_is_named_only_when_it_beats_chance_and_slowing_down(failed,
     got = point_verdict(_rows(failed), {"kind": "collapse", "step": 20})
     assert got["verdict"] == verdict, got["line"]
     assert got["line"].startswith(f"collapse at step 20 — diagnosis: {verdict} (")
+
+
+def test_the_planted_sweep_reads_as_a_confusion_matrix(tmp_path):
+    """Planted cause x diagnosed verdict from each run's cell.yaml (its `planted` axis) and
+    diagnosis.json; the summary says how it meets the aim (every registry cause named, none for the
+    outside cause). The planted sweep itself expands with one cause per sharing mode where it acts."""
+    import json
+
+    import yaml
+
+    from analysis.diagnosis import confusion, confusion_summary, mechanism_table, sweep_diagnoses
+    from grid.expand import expand
+    from grid.launch import compose
+
+    def run(name, planted, verdicts):
+        d = tmp_path / "diagnose_planted" / name
+        d.mkdir(parents=True)
+        (d / "cell.yaml").write_text(yaml.safe_dump({"cell_id": name, "topology": "voting", "sharing": "ip",
+                                                     "extra": {"planted": planted}}))
+        (d / "metrics.jsonl").write_text("")
+        if verdicts is not None:
+            (d / "diagnosis.json").write_text(json.dumps({
+                "failure": {"kind": "collapse", "step": 60},
+                "points": [{"verdict": v} for v in verdicts], "lines": [f"collapse at step 60 — diagnosis: {verdicts[0]}"]}))
+
+    run("a1", "amplification", ["undetermined", "amplification"])
+    run("a2", "amplification", ["generic"])
+    run("l1", "length_drift", ["length drift"])
+    run("o1", "outside", ["generic"])
+    run("o2", "outside", ["capture"])
+    run("o3", "outside", None)  # never failed
+    rows = sweep_diagnoses(tmp_path / "diagnose_planted")
+    table = confusion(rows).set_index("planted")
+    assert table.loc["amplification", "amplification"] == 1 and table.loc["amplification", "generic"] == 1
+    assert table.loc["outside", "capture"] == 1 and table.loc["outside", "did not fail"] == 1
+    assert confusion_summary(rows).startswith("2 of 3 diagnosed failures with a planted registry cause named it; "
+                                              "1 of 2 with the cause outside the registry were given a mechanism")
+    assert mechanism_table(rows)["generic"].tolist() == [2]
+    cfg = compose(["sweep=diagnose_planted"])
+    planted = {(c.axes["sharing"], c.overrides["extra"]["planted"]) for c in expand(cfg.sweep, cfg.cluster, "runs")
+               if not c.is_baseline}
+    assert planted == {("ip", "amplification"), ("ip", "length_drift"), ("ip", "outside"),
+                       ("sp", "capture"), ("sp", "outside")}

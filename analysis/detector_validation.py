@@ -48,6 +48,7 @@ from analysis.labels import FailureLabel, LabelConfig, label_records
 from analysis.paired import wilson
 from analysis.load import find_runs
 from harness.logging import read_jsonl
+from harness.metric_keys import policy_key
 
 if TYPE_CHECKING:
     from harness.config import MonitorConfig
@@ -224,8 +225,8 @@ def watched_by(records: List[dict], paired_reference: bool = False,
     kinds = {"collapse"} if any(isinstance(r.get("val/accuracy"), (int, float)) for r in records) else set()
     if paired_reference:
         kinds.add("collapse warning")
-    instances = [r[f"policy/{p}/instances"] for r in records for p in names_in(r, "policy", "instances")
-                 if isinstance(r[f"policy/{p}/instances"], (int, float))]
+    instances = [r[policy_key(p, "instances")] for r in records for p in names_in(r, "policy", "instances")
+                 if isinstance(r[policy_key(p, "instances")], (int, float))]
     if any(n >= 2 for n in instances) and (paired_reference or any(n < 2 for n in instances)):
         kinds.add("amplification")
     judging = roles & set(judging_roles(role_contracts))

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from harness.logging import read_jsonl
 from harness.monitors.detectors import significantly_below
+from harness.metric_keys import role_key
 
 
 @dataclass(frozen=True)
@@ -112,13 +113,13 @@ def capture_labels(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) ->
     roles = _roles_with(records, "response_length")
     if len(roles) < 2 or len(records) <= cfg.early_steps:
         return []
-    length = {role: _rolling(_series(records, f"role/{role}/response_length"), cfg.smooth) for role in roles}
+    length = {role: _rolling(_series(records, role_key(role, "response_length")), cfg.smooth) for role in roles}
     early_len = {role: [v for v in length[role][: cfg.early_steps] if v is not None] for role in roles}
     labels = []
     for role in roles:
         job_signals = {}
         for signal in ("format_ok", "accuracy"):
-            series = _series(records, f"role/{role}/{signal}")
+            series = _series(records, role_key(role, signal))
             early = [v for v in series[: cfg.early_steps] if v is not None]
             if early and mean(early) > 0:
                 job_signals[signal] = (mean(early), _rolling(series, cfg.smooth))
@@ -157,7 +158,7 @@ def contract_labels(records: Sequence[dict], cfg: LabelConfig = LabelConfig()) -
     records = [r for r in records if "step" in r]
     labels = []
     for role in _roles_with(records, "format_ok"):
-        series = _series(records, f"role/{role}/format_ok")
+        series = _series(records, role_key(role, "format_ok"))
         early = [v for v in series[: cfg.early_steps] if v is not None]
         if len(records) <= cfg.early_steps or not early or mean(early) <= 0:
             continue

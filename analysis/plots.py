@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from harness.metric_keys import policy_key, role_key
 
 ROLE_PANELS = [("grad_norm", "gradient norm"), ("grad_share", "gradient share (solid) vs token share (dashed)"),
                ("response_length", "response length (tokens)"), ("accuracy", "role accuracy"),
@@ -60,12 +61,12 @@ def role_curves(metrics: pd.DataFrame, alerts: Optional[pd.DataFrame], out: Path
     colors = {role: f"C{i}" for i, role in enumerate(roles)}
     for ax, (key, label) in zip(axes, ROLE_PANELS):
         for role in roles:
-            column = f"role/{role}/{key}"
+            column = role_key(role, key)
             if column in metrics:
                 values = defined_share(metrics, column) if key == "grad_share" else metrics[column]
                 ax.plot(metrics["step"], _smooth(values, smooth), color=colors[role], label=role)
-            if key == "grad_share" and f"role/{role}/token_share" in metrics:
-                ax.plot(metrics["step"], _smooth(metrics[f"role/{role}/token_share"], smooth), color=colors[role],
+            if key == "grad_share" and role_key(role, "token_share") in metrics:
+                ax.plot(metrics["step"], _smooth(metrics[role_key(role, "token_share")], smooth), color=colors[role],
                         linestyle="--")
         ax.set_ylabel(label, fontsize=8)
         _mark_alerts(ax, alerts)
@@ -116,9 +117,9 @@ def sp_vs_ip(metrics: pd.DataFrame, cells: pd.DataFrame, topology: str, out: Pat
             val = m[["step", "val/accuracy"]].dropna()
             axes[0, col].plot(val["step"], val["val/accuracy"], "o-", color="black")
         for i, role in enumerate(roles_of(m)):
-            axes[1, col].plot(m["step"], _smooth(defined_share(m, f"role/{role}/grad_share"), smooth), color=f"C{i}",
+            axes[1, col].plot(m["step"], _smooth(defined_share(m, role_key(role, "grad_share")), smooth), color=f"C{i}",
                               label=role)
-            axes[2, col].plot(m["step"], _smooth(m[f"role/{role}/response_length"], smooth), color=f"C{i}", label=role)
+            axes[2, col].plot(m["step"], _smooth(m[role_key(role, "response_length")], smooth), color=f"C{i}", label=role)
         axes[1, col].legend(fontsize=7)
     axes[0, 0].set_ylabel("validation accuracy", fontsize=8)
     axes[1, 0].set_ylabel("gradient share", fontsize=8)
@@ -163,13 +164,13 @@ def policy_curves(metrics: pd.DataFrame, alerts: Optional[pd.DataFrame], out: Pa
         return None
     fig, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
     for i, policy in enumerate(policies):
-        axes[0].plot(metrics["step"], metrics[f"policy/{policy}/drift"], color=f"C{i}", label=policy)
-        if f"policy/{policy}/optimizer_steps" in metrics:
-            axes[1].plot(metrics["step"], metrics[f"policy/{policy}/optimizer_steps"], color=f"C{i}", label=policy)
+        axes[0].plot(metrics["step"], metrics[policy_key(policy, "drift")], color=f"C{i}", label=policy)
+        if policy_key(policy, "optimizer_steps") in metrics:
+            axes[1].plot(metrics["step"], metrics[policy_key(policy, "optimizer_steps")], color=f"C{i}", label=policy)
     if baseline is not None and len(baseline):
         baseline = baseline.sort_values("step")
         for policy in names_of(baseline, "policy", "drift"):
-            axes[0].plot(baseline["step"], baseline[f"policy/{policy}/drift"], color="0.5", linestyle="--",
+            axes[0].plot(baseline["step"], baseline[policy_key(policy, "drift")], color="0.5", linestyle="--",
                          label=f"paired single agent ({policy})")
     axes[0].set_ylabel("drift ‖θ_t − θ_0‖", fontsize=8)
     axes[1].set_ylabel("optimizer steps per step", fontsize=8)
@@ -251,7 +252,7 @@ def failure_curve(metrics: pd.DataFrame, alerts: Optional[pd.DataFrame], failure
     if "reward/mean" in metrics:
         axes[0].plot(metrics["step"], _smooth(metrics["reward/mean"], smooth), color="C7", label="sampled reward")
     for i, role in enumerate(roles_of(metrics)):
-        axes[1].plot(metrics["step"], _smooth(metrics[f"role/{role}/response_length"], smooth), color=f"C{i}",
+        axes[1].plot(metrics["step"], _smooth(metrics[role_key(role, "response_length")], smooth), color=f"C{i}",
                      label=role)
     axes[0].set_ylabel("accuracy / reward", fontsize=8)
     axes[1].set_ylabel("response length (tokens)", fontsize=8)

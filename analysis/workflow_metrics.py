@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import List
 
 import pandas as pd
+from harness.metric_keys import role_key
 
 WINDOW = 20  # steps: "first 20 vs last 20", as the docs quote them; shorter runs get half their steps
 
@@ -95,7 +96,7 @@ def agent_rows(metrics: pd.DataFrame) -> pd.DataFrame:
     for role in roles:
         row = {"agent": role}
         for key, label in AGENT_KEYS:
-            column = f"role/{role}/{key}"
+            column = role_key(role, key)
             if column in train:
                 row[label] = train[column].mean()
         rows.append(row)

@@ -29,6 +29,7 @@ from harness.sharing import PolicyMap
 from harness.tasks import Problem, Task
 from harness.workflows import Agents, Episode, Scheduler, Workflow
 from harness.workflows.prompts import cell_prompts
+from harness.metric_keys import policy_key, role_key
 
 
 @dataclass
@@ -161,15 +162,15 @@ class Controller:
             old = [batch["values"][id(t)] for t in mine]
             target = [batch["returns"][id(t)] for t in mine]
             for key, value in self.critic.update(policy, mine, target, old).items():
-                metrics[f"policy/{policy}/{key}"] = value
+                metrics[policy_key(policy, key)] = value
         for role in sorted({t.role for t in turns}):
             mine = [t for t in turns if t.role == role]
             old = torch.tensor([batch["values"][id(t)] for t in mine])
             target = torch.tensor([batch["returns"][id(t)] for t in mine])
-            metrics[f"role/{role}/value"] = float(old.mean())
-            metrics[f"role/{role}/adv_mean"] = statistics.fmean(batch["raw"][id(t)] for t in mine)
-            metrics[f"role/{role}/value_loss"] = float(value_loss(old, target, old, self.cfg.algo.value_clip)[0])
-            metrics[f"role/{role}/explained_variance"] = explained_variance(target.tolist(), old.tolist())
+            metrics[role_key(role, "value")] = float(old.mean())
+            metrics[role_key(role, "adv_mean")] = statistics.fmean(batch["raw"][id(t)] for t in mine)
+            metrics[role_key(role, "value_loss")] = float(value_loss(old, target, old, self.cfg.algo.value_clip)[0])
+            metrics[role_key(role, "explained_variance")] = explained_variance(target.tolist(), old.tolist())
         return metrics
 
     @torch.no_grad()
@@ -209,30 +210,30 @@ def update_metrics(update) -> Dict[str, float]:
                   "optimizer_steps": update.optimizer_steps, "drift": update.drift, "drift_rate": update.drift_rate}
     for name, values in per_policy.items():
         for policy, value in values.items():
-            metrics[f"policy/{policy}/{name}"] = float(value)
+            metrics[policy_key(policy, name)] = float(value)
     for policy, value in update.policy_update_norm.items():
-        metrics[f"policy/{policy}/update_ratio"] = value / max(update.policy_param_norm[policy], 1e-12)
+        metrics[policy_key(policy, "update_ratio")] = value / max(update.policy_param_norm[policy], 1e-12)
     for policy, (mean, largest) in update.rollout_probs_diff.items():
-        metrics[f"policy/{policy}/rollout_probs_diff_mean"] = mean
-        metrics[f"policy/{policy}/rollout_probs_diff_max"] = largest
+        metrics[policy_key(policy, "rollout_probs_diff_mean")] = mean
+        metrics[policy_key(policy, "rollout_probs_diff_max")] = largest
     for policy, damped in update.coherence_damping.items():  # the study's I6, as its actor logs coherence_cos/_scale
-        metrics[f"policy/{policy}/coherence_cos"] = sum(c for c, _ in damped) / len(damped)
-        metrics[f"policy/{policy}/coherence_scale"] = sum(s for _, s in damped) / len(damped)
+        metrics[policy_key(policy, "coherence_cos")] = sum(c for c, _ in damped) / len(damped)
+        metrics[policy_key(policy, "coherence_scale")] = sum(s for _, s in damped) / len(damped)
     for policy, steps in update.minibatches.items():  # the first step is on-policy; later ones may clip
-        metrics[f"policy/{policy}/clipfrac_first"] = steps[0]["clipfrac"]
+        metrics[policy_key(policy, "clipfrac_first")] = steps[0]["clipfrac"]
         if "lr_scale" in steps[0]:  # algo.coherence_reg: the mean learning-rate factor of the steps
-            metrics[f"policy/{policy}/lr_scale"] = sum(s["lr_scale"] for s in steps) / len(steps)
+            metrics[policy_key(policy, "lr_scale")] = sum(s["lr_scale"] for s in steps) / len(steps)
         later = steps[1:]
         if later:
-            metrics[f"policy/{policy}/clipfrac_later"] = (sum(s["clipfrac"] * s["tokens"] for s in later)
+            metrics[policy_key(policy, "clipfrac_later")] = (sum(s["clipfrac"] * s["tokens"] for s in later)
                                                           / max(sum(s["tokens"] for s in later), 1.0))
     per_role = {"entropy": update.entropy, "kl": update.kl, "clipfrac": update.clipfrac, "ratio": update.ratio}
     for name, values in per_role.items():
         for role, value in values.items():
-            metrics[f"role/{role}/{name}"] = value
+            metrics[role_key(role, name)] = value
     for role, values in update.role_extra.items():
         for name, value in values.items():
-            metrics[f"role/{role}/{name}"] = value
+            metrics[role_key(role, name)] = value
     return metrics
 
 

@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness.config import CellConfig, ConfigError
 from harness.monitors.roles import judging_roles
+from harness.metric_keys import role_key
 
 HOLD_COEF = 0.05  # reward per token of a judging role's distance from its early mean length
 EARLY_STEPS = 20  # the early band a held length is taken from: the run's first steps
@@ -95,8 +96,8 @@ def _judges(ctx: ArmContext) -> List[str]:
 
 
 def early_length(records: Sequence[dict], role: str, steps: int = EARLY_STEPS) -> Optional[float]:
-    lengths = [r[f"role/{role}/response_length"] for r in records[:steps]
-               if isinstance(r.get(f"role/{role}/response_length"), (int, float))]
+    lengths = [r[role_key(role, "response_length")] for r in records[:steps]
+               if isinstance(r.get(role_key(role, "response_length")), (int, float))]
     return fmean(lengths) if lengths else None
 
 

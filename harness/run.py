@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from harness.config import CellConfig, ConfigError, monitor_start
 from harness.logging import RunDir, wandb_settings, write_atomic
 from harness.validation import load_config
+from harness.metric_keys import role_key
 
 EXIT_BAD_INPUT = 2
 EXIT_LOCKED = 3
@@ -316,7 +317,7 @@ def _advance(bar, metrics: dict, workflow) -> None:
     if "val/accuracy" in metrics:
         postfix["val"] = f"{metrics['val/accuracy']:.2f}"
     for role in workflow.roles():
-        length = metrics.get(f"role/{role.name}/response_length")
+        length = metrics.get(role_key(role.name, "response_length"))
         if length is not None:
             postfix[f"len_{role.name}"] = f"{length:.1f}"
     bar.set_postfix(postfix, refresh=False)

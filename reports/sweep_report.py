@@ -11,6 +11,7 @@ from analysis.workflow_metrics import columns_needed, paper_table, workflow_rows
 from analysis.plots import gain_heatmap, loop_curves, sp_vs_ip
 from reports.render import esc, image, md_table, page, table, write
 from reports.run_report import build_run_report
+from harness.metric_keys import role_key
 
 
 def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
@@ -30,7 +31,7 @@ def build_sweep_report(sweep: Path, run_reports: bool = True) -> Path:
              if (Path(row["run_dir"]) / "report" / "index.html").is_file()}
 
     heatmaps = [p for task in result["tables"] if (p := gain_heatmap(result["ci"], task, out / f"heatmap_{task}.png"))]
-    metrics = load_metrics(sweep, columns=["val/accuracy"] + [f"role/{r}/{k}" for r in
+    metrics = load_metrics(sweep, columns=["val/accuracy"] + [role_key(r, k) for r in
                                                               ("voter", "aggregator", "generator", "evaluator",
                                                                "orchestrator", "worker", "synthesizer")
                                                               for k in ("grad_share", "response_length")])

@@ -79,3 +79,27 @@ def test_config_imports_nothing_else_of_the_harness():
         [sys.executable, "-c", "import sys, harness.config; print(sorted(m for m in sys.modules if m.startswith('harness')))"],
         cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "['harness', 'harness.config']"
+
+
+def test_metric_keys_are_built_in_one_module():
+    """role/<r>/<s>, role/<r>/<i>/<s> and policy/<p>/<s> are built by harness/metric_keys.py alone: a
+    key written one way in the controller and read another way in a detector was a silent miss."""
+    import re
+
+    pattern = re.compile(r"""f["'](?:role|policy)/""")
+    found = [f"{path.relative_to(REPO)}:{n}" for folder in ("harness", "analysis", "reports", "grid")
+             for path in sorted((REPO / folder).rglob("*.py")) if path.name != "metric_keys.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert found == []
+
+
+def test_metric_keys_parse_what_they_build():
+    from harness.metric_keys import instance_key, names_in, parse, policy_key, role_key
+
+    assert parse(role_key("voter", "grad_share")) == ("role", "voter", "grad_share", None)
+    assert parse(instance_key("voter", 2, "grad_norm")) == ("role", "voter", "grad_norm", 2)
+    assert parse(policy_key("shared", "drift")) == ("policy", "shared", "drift", None)
+    assert parse("val/accuracy") is None and parse("accuracy") is None
+    record = {role_key("voter", "entropy"): 1, role_key("aggregator", "entropy"): 2,
+              instance_key("voter", 0, "entropy"): 3, policy_key("voter", "entropy"): 4}
+    assert names_in(record, "role", "entropy") == ["aggregator", "voter"]

@@ -18,6 +18,7 @@ from collections import defaultdict
 from typing import Dict
 
 from harness.instrument.probe import GradientProbe, PolicyGradients
+from harness.metric_keys import instance_key, policy_key, role_key
 
 
 MEAN_SUFFIX = "_mb_mean"
@@ -51,9 +52,9 @@ def round_metrics(policies: Dict[str, PolicyGradients]) -> Dict[str, float]:
         gram = pg.gram
         policy_sq = float(gram.sum())
         total_sq += policy_sq
-        metrics[f"policy/{policy}/grad_norm_probe"] = math.sqrt(max(policy_sq, 0.0))
+        metrics[policy_key(policy, "grad_norm_probe")] = math.sqrt(max(policy_sq, 0.0))
         if len(pg.slots) > 1:
-            metrics[f"policy/{policy}/coherence"] = policy_sq / max(float(gram.diag().sum()), 1e-30)
+            metrics[policy_key(policy, "coherence")] = policy_sq / max(float(gram.diag().sum()), 1e-30)
         roles = [slot[0] for slot in pg.slots]
         for role in set(roles):
             idx = [k for k, r in enumerate(roles) if r == role]
@@ -69,16 +70,16 @@ def round_metrics(policies: Dict[str, PolicyGradients]) -> Dict[str, float]:
                 mean_single = sum(norms[idx.index(k)] for k in active) / len(active)
                 role_amplification[role] = max(role_amplification[role], summed / mean_single)
             role_instances_per_policy[role] = max(role_instances_per_policy[role], len(active))
-            metrics[f"policy/{policy}/instances"] = float(len(pg.slots))
+            metrics[policy_key(policy, "instances")] = float(len(pg.slots))
         for k, (role, instance) in enumerate(pg.slots):
-            metrics[f"role/{role}/{instance}/grad_norm"] = math.sqrt(max(float(gram[k, k]), 0.0))
+            metrics[instance_key(role, instance, "grad_norm")] = math.sqrt(max(float(gram[k, k]), 0.0))
     for role in role_sq:
         norm = math.sqrt(max(role_sq[role], 0.0))
-        metrics[f"role/{role}/grad_norm"] = norm
-        metrics[f"role/{role}/grad_share"] = role_dot_total[role] / total_sq if total_sq > 0 else 0.0
+        metrics[role_key(role, "grad_norm")] = norm
+        metrics[role_key(role, "grad_share")] = role_dot_total[role] / total_sq if total_sq > 0 else 0.0
         if len(role_norms[role]) > 1:
-            metrics[f"role/{role}/coherence"] = role_sq[role] / max(role_self[role], 1e-30)
-            metrics[f"role/{role}/amplification"] = role_amplification[role]
-            metrics[f"role/{role}/instances_per_policy"] = float(role_instances_per_policy[role])
+            metrics[role_key(role, "coherence")] = role_sq[role] / max(role_self[role], 1e-30)
+            metrics[role_key(role, "amplification")] = role_amplification[role]
+            metrics[role_key(role, "instances_per_policy")] = float(role_instances_per_policy[role])
     metrics["grad/total_norm"] = math.sqrt(max(total_sq, 0.0))
     return metrics

@@ -16,6 +16,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 
 from harness.monitors.base import Alert, ReferenceRun, Traced
 from harness.monitors.roles import judging_roles
+from harness.metric_keys import names_in, policy_key, role_key  # noqa: F401  (names_in: read by callers here)
 
 
 class Ewma:
@@ -25,12 +26,6 @@ class Ewma:
     def update(self, x: float) -> float:
         self.value = x if self.value is None else self.alpha * x + (1 - self.alpha) * self.value
         return self.value
-
-
-def names_in(record: dict, kind: str, suffix: str) -> List[str]:
-    """Names that have `<kind>/<name>/<suffix>` in the record (kind: role or policy; instance keys excluded)."""
-    return sorted(k.split("/")[1] for k in record if k.startswith(kind + "/") and k.count("/") == 2
-                  and k.endswith("/" + suffix))
 
 
 def _roles_in(record: dict, suffix: str) -> List[str]:
@@ -72,12 +67,12 @@ class AmplificationDetector(Traced):
         step = record["step"]
         candidates, singles = {}, []
         for policy in names_in(record, "policy", "drift"):
-            coherence = record.get(f"policy/{policy}/coherence_mb_mean", record.get(f"policy/{policy}/coherence"))
-            if record.get(f"policy/{policy}/instances", 1) < 2:
-                singles.append(record[f"policy/{policy}/drift"])
+            coherence = record.get(policy_key(policy, "coherence_mb_mean"), record.get(policy_key(policy, "coherence")))
+            if record.get(policy_key(policy, "instances"), 1) < 2:
+                singles.append(record[policy_key(policy, "drift")])
             elif isinstance(coherence, (int, float)):
                 self.coherence[policy].update(coherence)
-                candidates[policy] = (record[f"policy/{policy}/drift"], int(record[f"policy/{policy}/instances"]))
+                candidates[policy] = (record[policy_key(policy, "drift")], int(record[policy_key(policy, "instances")]))
         singles.sort()
         in_cell = singles[len(singles) // 2] if singles else None
         self.pending.append({"step": step, "candidates": candidates, "in_cell": in_cell,
@@ -163,7 +158,7 @@ class SelectionWindow:
         self.steps: Deque[Tuple[float, float]] = deque(maxlen=window)
 
     def update(self, record: dict, role: str, signal: str) -> None:
-        cov, se = record.get(f"role/{role}/selection_{signal}"), record.get(f"role/{role}/selection_{signal}_se")
+        cov, se = record.get(role_key(role, f"selection_{signal}")), record.get(role_key(role, f"selection_{signal}_se"))
         if isinstance(cov, (int, float)) and isinstance(se, (int, float)) and math.isfinite(cov) and math.isfinite(se):
             self.steps.append((float(cov), float(se)))
 
@@ -223,7 +218,7 @@ class CaptureDetector(Traced):
         roles = _roles_in(record, "response_length")
         for role in roles:
             for signal in self.signals:
-                value = record.get(f"role/{role}/{signal}_mb_mean", record.get(f"role/{role}/{signal}"))
+                value = record.get(role_key(role, f"{signal}_mb_mean"), record.get(role_key(role, signal)))
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self._band(role, signal).update(float(value))
             if role in self.pressure_roles:
@@ -340,7 +335,7 @@ class LengthDriftDetector(Traced):
         if self.cfg.pressure_z is None:
             return None
         pressure = self.pressure[role]
-        net = self.cfg.pressure_net and f"role/{role}/selection_length_net" in record
+        net = self.cfg.pressure_net and role_key(role, "selection_length_net") in record
         pressure.update(record, role, "length_net" if net else "length")
         z = pressure.z
         if z is None:
@@ -350,10 +345,10 @@ class LengthDriftDetector(Traced):
                 f"is paid to {'lengthen' if z > 0 else 'shorten'} its answers: over the last {len(pressure.steps)} "
                 f"steps the advantage co-varies with its length{' beyond its job' if net else ''} by "
                 f"{pressure.per_step:+.2f} tokens a step "
-                f"(z = {z:+.1f}), at {record[f'role/{role}/response_length']:.1f} tokens now" if hot else "")
+                f"(z = {z:+.1f}), at {record[role_key(role, 'response_length')]:.1f} tokens now" if hot else "")
 
     def _left_band(self, record: dict, role: str) -> Optional[Tuple[str, float, float, str]]:
-        length = record[f"role/{role}/response_length"]
+        length = record[role_key(role, "response_length")]
         window = self.window[role]
         if len(window) < self.cfg.baseline_steps:
             window.append(length)

@@ -480,7 +480,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
+    from harness.cli_overrides import print_config_request
+
+    printed = print_config_request(argv)
     try:
+        if printed is not None:  # --cfg job: the resolved sweep, launcher and cluster; nothing expanded or run
+            cfg = compose(printed)
+            print(OmegaConf.to_yaml({k: cfg[k] for k in ("sweep", "launcher", "cluster", "action", "root")}), end="")
+            return 0
         cfg = compose(argv)
         if cfg.action == "status":
             cfg = compose_as_launched(cfg, argv)

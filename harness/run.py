@@ -324,15 +324,56 @@ def _advance(bar, metrics: dict, workflow) -> None:
     bar.update(1)
 
 
+def cell_help(section: Optional[str] = None) -> str:
+    """--help: what a cell is and its sections, one line each; --help <section>: that section's keys
+    and defaults (--help all: every key)."""
+    from dataclasses import fields, is_dataclass
+
+    schema = OmegaConf.structured(CellConfig)
+    sections = {f.name: f for f in fields(CellConfig) if is_dataclass(f.default_factory()
+                                                                      if callable(getattr(f, "default_factory", None)) else None)}
+    if section == "all":
+        return OmegaConf.to_yaml(schema)
+    if section is not None:
+        if section not in sections:
+            return (f"error: no section '{section}'; valid: {', '.join(sections)} (or all)")
+        return f"{section}:\n" + "\n".join("  " + line for line in OmegaConf.to_yaml(schema[section]).splitlines())
+    top = [f"  {f.name}={getattr(CellConfig, f.name, None)}" for f in fields(CellConfig) if f.name not in sections]
+    lines = [__doc__.strip(), "", "Settings (key=value; every key with its default: --help all):", *top, "",
+             "Sections (--help <section> lists its keys and defaults):"]
+    for name in sections:
+        lines.append(f"  {name:<12} {SECTION_HELP.get(name, '')}".rstrip())
+    return "\n".join(lines)
+
+
+SECTION_HELP = {
+    "workflow": "the roles' protocol sizes (votes, drafts, subtasks), token budgets, prompts, how contracts are read",
+    "sharing_cfg": "custom policy groups (sharing=custom); un-sharing at a branch (harness.diagnose)",
+    "model": "base checkpoint, LoRA rank, alpha and target layers, the tiny models' cache",
+    "algo": "the GRPO / PPO update: batch, mini-batches, lr, clipping, loss, advantages, KL, I6",
+    "reward": "per-turn reward terms (node, turn, outcome, length) and per-role weights",
+    "arith": "the tiny model's synthetic arithmetic task",
+    "data": "real datasets: files, splits, the validation set, DeepCoder's wording and runtime filter",
+    "code_synth": "the tiny model's synthetic code task",
+    "qa_synth": "the generated multi-hop QA world",
+    "sandbox": "the jail model-written code runs in",
+    "monitors": "the detectors, their thresholds and actions (alert, stop, mitigate)",
+    "wandb": "wandb's mode, project and entity (offline by default)",
+    "instrument": "the per-role gradient probe",
+    "verl": "engine=verl: Ray worker groups, FSDP, vLLM rollouts",
+    "local": "engine=local: device and precision",
+}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # a cell process owns its wandb service: an inherited one (a parent that used wandb) would keep
     # a killed attempt's run open and refuse the resumed attempt ("run ID is in use")
     os.environ.pop("WANDB_SERVICE", None)
     if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        print(OmegaConf.to_yaml(OmegaConf.structured(CellConfig)))
-        return 0
+        text = cell_help(argv[1] if len(argv) > 1 else None)
+        print(text, file=sys.stdout if not text.startswith("error:") else sys.stderr)
+        return 0 if not text.startswith("error:") else EXIT_BAD_INPUT
     from harness.cli_overrides import print_config_request
 
     printed = print_config_request(argv)

@@ -132,3 +132,27 @@ def test_a_free_form_setting_takes_a_whole_dict_without_plus(tmp_path):
 
     cfg = load_config(["algo.kl_coef_per_role={voter:0.1}", "algo.coherence_damping.voter=0.3", f"root={tmp_path}"])
     assert cfg.algo.kl_coef_per_role == {"voter": 0.1} and cfg.algo.coherence_damping == {"voter": 0.3}
+
+
+def test_help_lists_sections_and_each_section_its_keys(capsys):
+    """--help was a 240-line dump; now the settings and one line per section, and --help <section>."""
+    assert run_main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) <= 60 and "--help <section>" in text
+    for section in ("workflow", "algo", "reward", "monitors", "data"):
+        assert any(line.strip().startswith(section + " ") for line in text.splitlines()), section
+    assert run_main(["--help", "algo"]) == 0
+    algo = capsys.readouterr().out
+    assert algo.startswith("algo:\n") and "  lr: " in algo and "coherence_damping" in algo
+    assert run_main(["--help", "algoo"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: no section 'algoo'; valid: ") and err.count("\n") == 1
+
+
+def test_the_launcher_prints_the_resolved_sweep_with_cfg_job(tmp_path, capsys):
+    import yaml
+
+    assert launch_main(["--cfg", "job", "sweep=smoke", f"root={tmp_path}", "sweep.cell.steps=3"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["sweep"]["name"] == "smoke" and printed["sweep"]["cell"]["steps"] == 3
+    assert printed["launcher"]["name"] == "local" and not any(tmp_path.iterdir())

@@ -325,6 +325,21 @@ def test_the_unitymas_sweep_takes_the_papers_sharing_on_its_axis():
     check_cells(cells, strict=True)
 
 
+def test_the_unitymas_paper_sweep_trains_ppo_with_gae_under_the_papers_map():
+    """sweep=unitymas trains GRPO under sp / partial / ip; the paper trains PPO with a GAE critic under
+    its agents-to-models map: sweep=unitymas_paper is that, every cell of it (baselines too)."""
+    from harness.validation import config_from_dict
+
+    cfg = compose(["sweep=unitymas_paper"])
+    cells = expand(cfg.sweep, cfg.cluster, "runs")
+    check_cells(cells, strict=True)
+    resolved = [config_from_dict(c.overrides) for c in cells]
+    assert all(r.algo.adv_estimator == "gae" for r in resolved)
+    assert {r.topology for r in resolved if r.topology != "single"} == {
+        "qd_retrieve_answer", "qd_retrieve_evidence_answer", "mask_search", "reflective_code"}
+    assert {r.sharing for r in resolved if r.topology != "single"} == {"paper"}
+
+
 def test_4b_code_cells_start_from_the_studys_warm_started_weights(tmp_path, monkeypatch):
     """examples/deepcoder/train_deepcoder_*.sh start Qwen3-4B code runs from
     checkpoints/init_weight/qwen3_4b_s300_deepcoder; full_matrix's 4B code cells look for it under

@@ -183,19 +183,24 @@ def comparisons(rows: List[dict]) -> List[dict]:
     return found
 
 
+POOLED = "all (pairs: seed x sharing)"
+
+
 def action_comparisons(rows: List[dict]) -> List[dict]:
     """Cells of a sweep with an `action` axis (one row each: sharing, seed, action, failed_at,
-    final_accuracy): per sharing mode, every action against `alert` on the same seeds, failures over
-    the whole run (McNemar exact) and final accuracy (sign test)."""
-    by: Dict[tuple, Dict[int, dict]] = {}
+    final_accuracy): per sharing mode, and over both (a pair: one seed and sharing mode), every action
+    against `alert` on the same seeds, failures over the whole run (McNemar exact) and final accuracy
+    (sign test)."""
+    by: Dict[tuple, Dict[object, dict]] = {}
     for row in rows:
         by.setdefault((row["sharing"], row["action"]), {})[int(row["seed"])] = row
+        by.setdefault((POOLED, row["action"]), {})[(row["sharing"], int(row["seed"]))] = row
     found = []
-    for (sharing, action), runs in sorted(by.items()):
+    for (sharing, action), runs in sorted(by.items(), key=lambda kv: (kv[0][0] == POOLED, kv[0])):
         if action == "alert":
             continue
         reference = by.get((sharing, "alert"), {})
-        seeds = sorted(set(runs) & set(reference))
+        seeds = sorted(set(runs) & set(reference), key=str)
         failures = compare_failures([_int(runs[s].get("failed_at")) is not None for s in seeds],
                                     [_int(reference[s].get("failed_at")) is not None for s in seeds])
         accuracy = compare_values([_float(runs[s].get("final_accuracy")) for s in seeds],

@@ -223,8 +223,8 @@ def render_interventions(study: Study, rows: List[dict]) -> Dict[str, str]:
     for row in found:  # the first alert kind listed that has the pair
         verdicts.setdefault(((row["arm"], row["against"]), "failures"), f"{row['failures']}; {row['failed after the branch (paired, not failed before it)']}")
         verdicts.setdefault(((row["arm"], row["against"]), "accuracy"), f"{row['accuracy']}; {row['final accuracy, arm - reference']}")
-    for row in actions:
-        verdicts.setdefault(((row["action"], "alert"), "failures"), f"{row['sharing']}: {row['failures']}; {row['failed (paired)']}")
+    for row in actions:  # the pooled row (last) is the preregistered test; the per-sharing rows are beside it
+        verdicts[((row["action"], "alert"), "failures")] = f"{row['sharing']}: {row['failures']}; {row['failed (paired)']}"
     blocks = {
         "comparisons": to_markdown(pd.DataFrame(found)) if found else "(no branched arms)",
         "actions": to_markdown(pd.DataFrame(actions)) if actions else "(no action axis)",

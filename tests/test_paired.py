@@ -34,3 +34,21 @@ def test_the_words_follow_the_p_value_and_its_direction():
     # an arm that failed more often, significantly, is never worded as failing less often
     more = compare_failures([True] * 6 + [False] * 3, [False] * 9)
     assert more.p < 0.05 and more.difference > 0
+
+
+def test_action_comparisons_pool_both_sharing_modes_as_pairs_of_seed_and_sharing():
+    """studies/interventions' H5 pairs cells by seed and sharing: the pooled row counts every
+    (sharing, seed) pair once, beside the per-sharing rows."""
+    from analysis.arms import POOLED, action_comparisons
+
+    rows = []
+    for sharing, fails in (("ip", [1, 1, 0]), ("sp", [1, 1, 1])):
+        for seed, failed in enumerate(fails):
+            rows.append({"sharing": sharing, "seed": seed, "action": "alert", "failed_at": 40 if failed else "",
+                         "final_accuracy": 0.2})
+            rows.append({"sharing": sharing, "seed": seed, "action": "mitigate", "failed_at": "",
+                         "final_accuracy": 0.3})
+    found = {r["sharing"]: r for r in action_comparisons(rows)}
+    assert set(found) == {"ip", "sp", POOLED} and list(found)[-1] == POOLED
+    assert found["ip"]["seeds"] == 3 and found[POOLED]["seeds"] == 6
+    assert "(5 vs 0 discordant)" in found[POOLED]["failed (paired)"]

@@ -192,9 +192,11 @@ def action_comparisons(rows: List[dict]) -> List[dict]:
     against `alert` on the same seeds, failures over the whole run (McNemar exact) and final accuracy
     (sign test)."""
     by: Dict[tuple, Dict[object, dict]] = {}
+    pooled = len({row["sharing"] for row in rows}) > 1  # one sharing mode: its own row is the pooled one
     for row in rows:
         by.setdefault((row["sharing"], row["action"]), {})[int(row["seed"])] = row
-        by.setdefault((POOLED, row["action"]), {})[(row["sharing"], int(row["seed"]))] = row
+        if pooled:
+            by.setdefault((POOLED, row["action"]), {})[(row["sharing"], int(row["seed"]))] = row
     found = []
     for (sharing, action), runs in sorted(by.items(), key=lambda kv: (kv[0][0] == POOLED, kv[0])):
         if action == "alert":

@@ -76,8 +76,8 @@ def render_early_warning(study: Study, rows: List[dict]) -> Dict[str, str]:
 
     top = list(dict.fromkeys(indicators["signal"]))[:REPLICATED]
     again = indicator_table(held_table, mixed, signals=top)
-    again = again[[(s, l) in set(zip(indicators["signal"].head(TOP), indicators["lead"].head(TOP)))
-                   for s, l in zip(again["signal"], again["lead"])]]
+    ranked = set(zip(indicators["signal"].head(TOP), indicators["lead"].head(TOP)))
+    again = again[[(s, l) in ranked for s, l in zip(again["signal"], again["lead"])]]
     blocks["held-out-replication"] = (
         _table(again.assign(effect=again["effect"].map("{:+.3f}".format), p=again["p"].map("{:.4f}".format),
                             q=again["q"].map("{:.3f}".format)), ["signal", "lead", "failing cells read", "effect",

@@ -330,8 +330,7 @@ def cell_help(section: Optional[str] = None) -> str:
     from dataclasses import fields, is_dataclass
 
     schema = OmegaConf.structured(CellConfig)
-    sections = {f.name: f for f in fields(CellConfig) if is_dataclass(f.default_factory()
-                                                                      if callable(getattr(f, "default_factory", None)) else None)}
+    sections = [f.name for f in fields(CellConfig) if is_dataclass(f.default_factory)]  # a field built from a dataclass
     if section == "all":
         return OmegaConf.to_yaml(schema)
     if section is not None:

@@ -52,14 +52,14 @@ def load_config(overrides: Sequence[str]) -> CellConfig:
     register_configs()
     try:
         with initialize(version_base=None, config_path=None):
-            composed = compose(config_name="cell", overrides=_prompts_set_or_added(overrides))
+            composed = compose(config_name="cell", overrides=_free_dicts_set_or_added(overrides))
         cfg: CellConfig = OmegaConf.to_object(composed)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_override_error(exc)) from None
     return _complete(cfg)
 
 
-def _prompts_set_or_added(overrides: Sequence[str]) -> list:
+def _free_dicts_set_or_added(overrides: Sequence[str]) -> list:
     """A key in or at a free-form dict (`workflow.prompts.<name>=...`, `algo.kl_coef_per_role={voter: 0.1}`)
     is set or added (`++`): Hydra's struct would ask for `+` where the defaults lack the name;
     validate() checks the names (a template against the workflow's, a role against the topology's)."""

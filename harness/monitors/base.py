@@ -54,21 +54,21 @@ class ReferenceRun:
         self.offset = 0
         self.identity: Optional[Tuple[int, int]] = None  # (inode, device) of the file read so far
         self.size = -1  # its size at the last read
-        self.drift: Dict[int, float] = {}
-        self.accuracy: Dict[int, float] = {}
-        self.records: Dict[int, dict] = {}  # step -> the whole record (the learned detector's paired features)
+        self.records: Dict[int, dict] = {}  # step -> its record (drift and accuracy are read from it)
 
     def record_at(self, step: int) -> Optional[dict]:
         self._read()
         return self.records.get(step)
 
     def drift_at(self, step: int) -> Optional[float]:
-        self._read()
-        return self.drift.get(step)
+        """The mean over the paired run's policies of their drift at `step`."""
+        drifts = [v for k, v in (self.record_at(step) or {}).items()
+                  if k.startswith("policy/") and k.endswith("/drift") and isinstance(v, (int, float))]
+        return sum(drifts) / len(drifts) if drifts else None
 
     def accuracy_at(self, step: int) -> Optional[float]:
-        self._read()
-        return self.accuracy.get(step)
+        accuracy = (self.record_at(step) or {}).get("accuracy")
+        return float(accuracy) if isinstance(accuracy, (int, float)) and math.isfinite(accuracy) else None
 
     def ended_before(self, step: int) -> bool:
         """The paired run is over (finished, stopped early or diverged) without reaching `step`: it
@@ -91,8 +91,6 @@ class ReferenceRun:
             # replaced (a resumed paired run rewrites its log without the steps past its checkpoint):
             # read it again from the start, or the line across the old offset is never parsed
             self.identity, self.offset, self.size = (stat.st_ino, stat.st_dev), 0, -1
-            self.drift.clear()
-            self.accuracy.clear()
             self.records.clear()
         if stat.st_size == self.size:
             return  # nothing new since the last read (one stat per lookup)
@@ -110,8 +108,3 @@ class ReferenceRun:
             if not isinstance(record.get("step"), int):
                 continue
             self.records[record["step"]] = record
-            drifts = [v for k, v in record.items() if k.startswith("policy/") and k.endswith("/drift")]
-            if drifts:
-                self.drift[record["step"]] = sum(drifts) / len(drifts)
-            if isinstance(record.get("accuracy"), (int, float)) and math.isfinite(record["accuracy"]):
-                self.accuracy[record["step"]] = float(record["accuracy"])

@@ -32,11 +32,17 @@ def _roles_in(record: dict, suffix: str) -> List[str]:
     return names_in(record, "role", suffix)
 
 
+def validation_bar(best: float, best_se: float, se: float, fraction: float, n_se: float) -> float:
+    """The accuracy a validation must fall under to count as below its running best: under
+    `fraction` of it and more than `n_se` standard errors of the difference below it."""
+    return min(fraction * best, best - n_se * math.sqrt(se ** 2 + best_se ** 2))
+
+
 def significantly_below(accuracy: float, se: float, best: float, best_se: float, fraction: float,
                         n_se: float) -> bool:
     """A validation accuracy under `fraction` of the running best by more than `n_se` standard errors
     of the difference: the collapse rule of both the detector and the failure label."""
-    return accuracy < fraction * best and best - accuracy > n_se * math.sqrt(se ** 2 + best_se ** 2)
+    return accuracy < validation_bar(best, best_se, se, fraction, n_se)
 
 
 class AmplificationDetector(Traced):
@@ -457,9 +463,8 @@ class CollapseDetector(Traced):
         alerts = []
         if self.best is not None:
             best, best_se = self.best
-            low = significantly_below(accuracy, se, best, best_se, self.cfg.fraction, self.cfg.se)
-            # the bar as the rule applies it: under both fraction x best and best - se x SE of the difference
-            bar = min(self.cfg.fraction * best, best - self.cfg.se * math.sqrt(se ** 2 + best_se ** 2))
+            bar = validation_bar(best, best_se, se, self.cfg.fraction, self.cfg.se)  # the rule's own bar, drawn
+            low = accuracy < bar
             self._trace(record["step"], f"validation accuracy (bar: {self.cfg.fraction:.0%} of the best and "
                         f"{self.cfg.se:g} SE below it; {self.cfg.patience} in a row)", accuracy, bar, fires="below")
             self.streak = self.streak + 1 if low else 0

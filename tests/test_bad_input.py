@@ -28,7 +28,7 @@ CASES = [
     (["monitors.drift.action=panic"], "valid choices: log, alert, stop"),
     (["monitors.collapse.trend_window=-1"], "monitors.collapse.trend_window must be >= 0"),
     (["monitors.collapse.trend_patience=0"], "monitors.collapse.trend_patience >= 1"),
-    (["workflow.role_max_new_tokens.aggregator=24"], "To append to your config use +workflow.role_max_new_tokens"),
+    (["workflow.role_max_new_tokens.agregator=24"], "unknown role(s) agregator; valid roles: aggregator"),
     (["workflow.prompts.judge=x"], "valid keys of workflow.prompts: solver, generator"),
     (["engine=megatron"], "unknown engine 'megatron'; valid choices: local, verl"),
     (["engine=verl", "verl.placement=spread"], "valid choices: colocate, split"),

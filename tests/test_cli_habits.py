@@ -31,8 +31,10 @@ def test_a_cell_command_line_habit_gets_one_line_saying_what_to_write(tmp_path, 
 def test_a_new_key_under_a_free_form_dict_is_kept(tmp_path):
     from tests.conftest import cell
 
-    cfg = cell(tmp_path, "topology=voting", "+reward.per_role.aggregator.length=-0.5")
+    cfg = cell(tmp_path, "topology=voting", "+reward.per_role.aggregator.length=-0.5",
+               "workflow.role_max_new_tokens.aggregator=24")  # without `+`: the dict's key, kept as well
     assert cfg.reward.per_role["aggregator"]["length"] == -0.5
+    assert cfg.workflow.role_max_new_tokens == {"aggregator": 24}
 
 
 def test_cfg_job_prints_the_resolved_cell_config_and_runs_nothing(tmp_path, capsys):

@@ -17,6 +17,7 @@ import asyncio
 import importlib
 import math
 import os
+import sys
 import tempfile
 import uuid
 from collections import defaultdict
@@ -65,6 +66,9 @@ def logical_resources(cfg, n_policies: int) -> Tuple[int, int]:
     return max(4, actors * n_policies * per_policy), gpus
 
 
+RAY_START_ATTEMPTS = 3
+
+
 def start_ray(cfg, device: str, n_policies: int) -> None:
     """Join $RAY_ADDRESS (slurm/ray-up.sh) or start a private local Ray for this cell."""
     import ray
@@ -76,10 +80,19 @@ def start_ray(cfg, device: str, n_policies: int) -> None:
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=False)
         return
-    temp_dir = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TEMP_ROOT", "/tmp"))
     cpus, gpus = logical_resources(cfg, n_policies)
-    ray.init(num_cpus=cfg.verl.ray_num_cpus or cpus, num_gpus=gpus if device == "cpu" else None,  # real GPUs: detected
-             include_dashboard=False, _temp_dir=temp_dir, runtime_env=env, log_to_driver=False)
+    for attempt in range(RAY_START_ATTEMPTS):
+        temp_dir = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TEMP_ROOT", "/tmp"))
+        try:
+            ray.init(num_cpus=cfg.verl.ray_num_cpus or cpus, num_gpus=gpus if device == "cpu" else None,  # GPUs: detected
+                     include_dashboard=False, _temp_dir=temp_dir, runtime_env=env, log_to_driver=False)
+            return
+        except Exception as exc:  # Ray waits a fixed 30 s for its raylet; several cells starting at once on a
+            if "timed out during startup" not in str(exc) or attempt == RAY_START_ATTEMPTS - 1:  # busy node miss it
+                raise
+            ray.shutdown()
+            print(f"Ray's node timed out during startup (busy machine); starting it again ({attempt + 2} of "
+                  f"{RAY_START_ATTEMPTS})", file=sys.stderr)
 
 
 def node_resources() -> List[str]:

@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from analysis.labels import label_records
 from analysis.paired import DifferenceTest, FailureComparison, compare_failures, compare_values, worded
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 
 UPDATE_WINDOW = 10  # steps after the branch over which an arm's change of the update is measured
 

@@ -47,7 +47,7 @@ import yaml
 from analysis.labels import FailureLabel, LabelConfig, label_records
 from analysis.paired import wilson
 from analysis.load import find_runs
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.metric_keys import policy_key
 
 if TYPE_CHECKING:

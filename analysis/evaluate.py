@@ -178,7 +178,7 @@ def _trained_steps(directory: Path) -> Optional[int]:
 
 def write_results(run: Path, rows: List[dict]) -> None:
     """Keep the rows of other (mode, checkpoint, task, k) and replace these, atomically."""
-    from harness.logging import read_jsonl, write_atomic
+    from harness.run_dir import read_jsonl, write_atomic
 
     key = lambda r: (r.get("mode"), r.get("checkpoint"), r.get("task"), r.get("k"))  # noqa: E731
     new = {key(r) for r in rows}
@@ -192,7 +192,7 @@ def load_results(sweep: Path):
     import pandas as pd
 
     from analysis.load import find_runs
-    from harness.logging import read_jsonl
+    from harness.run_dir import read_jsonl
 
     rows = [{"cell_id": run.name, **r} for run in find_runs(sweep) if (run / RESULTS).is_file()
             for r in read_jsonl(run / RESULTS)]

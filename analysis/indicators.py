@@ -56,7 +56,7 @@ def load_cells(sweep: Path) -> List[CellStream]:
 
     from analysis.detector_validation import arm_of, replay_setup
     from analysis.load import find_runs
-    from harness.logging import read_jsonl
+    from harness.run_dir import read_jsonl
 
     cells = []
     for run in find_runs(sweep):

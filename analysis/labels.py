@@ -26,7 +26,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.monitors.detectors import significantly_below
 from harness.metric_keys import role_key
 

@@ -22,7 +22,7 @@ import pandas as pd
 import yaml
 
 from harness.config import topology_label
-from harness.logging import iter_jsonl
+from harness.run_dir import iter_jsonl
 
 PathLike = Union[str, Path]
 CELL_COLUMNS = ["cell_id", "sweep", "sweep_dir", "topology", "sharing", "task", "task_axis", "scale", "seed", "steps", "state",

@@ -18,7 +18,7 @@ import pandas as pd
 
 from analysis.detector_validation import (BAR, DETECTOR_OF, WARNINGS, ReplayContext, RunOutcome, detector_scores,
                                           first_alerts, replay_setup, scored_name)
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.monitors.detectors import ReferenceRun, build_detector
 
 # the settings tried per early warning (its detector's MonitorConfig field's names); the defaults are added

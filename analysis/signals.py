@@ -17,7 +17,7 @@ def signal_trace(run: Path, records: Optional[List[dict]] = None, context=None) 
     `records` (the run's metrics.jsonl) and `context` (replay_setup's) when the caller has them."""
     from analysis.detector_validation import replay_setup
     from harness.config import stored_cell_config
-    from harness.logging import read_jsonl
+    from harness.run_dir import read_jsonl
     from harness.monitors import Monitor
 
     run = Path(run)

@@ -53,7 +53,7 @@ def outcome_of(row: dict) -> RunOutcome:
 
 
 def _final_accuracy(run: Path) -> Optional[float]:
-    from harness.logging import read_jsonl
+    from harness.run_dir import read_jsonl
 
     values = [r["val/accuracy"] for r in read_jsonl(run / "metrics.jsonl") if isinstance(r.get("val/accuracy"), (int, float))]
     return float(values[-1]) if values else None

@@ -179,7 +179,7 @@ def _key(override: str) -> str:
 def record_launch(sweep_dir: Path, argv: Sequence[str]) -> None:
     """Keeps the overrides the sweep was launched with beside its cells (launch.json: every launch,
     newest last), so `action=status` shows the sweep that ran, not the sweep file's defaults."""
-    from harness.logging import write_atomic
+    from harness.run_dir import write_atomic
 
     sweep_dir.mkdir(parents=True, exist_ok=True)
     path = sweep_dir / LAUNCH_RECORD

@@ -371,7 +371,7 @@ def upgrade_stored(cell: dict) -> dict:
 class WandbConfig:
     enabled: bool = True
     # unset (None): the WANDB_MODE / WANDB_PROJECT / WANDB_ENTITY environment variables, else the
-    # defaults below (harness.logging.wandb_settings); a value set here wins over the environment
+    # defaults below (harness.wandb_sink.wandb_settings); a value set here wins over the environment
     mode: Optional[str] = None  # offline (default) | online | disabled; online needs the user's own login/server
     project: Optional[str] = None  # default marl-harness
     entity: Optional[str] = None

@@ -67,7 +67,7 @@ def failure_of(run: Path):
 
 
 def branch_step(run: Path, point: str, failure, alert: Optional[dict]) -> int:
-    from harness.logging import read_jsonl
+    from harness.run_dir import read_jsonl
 
     if point == "first-alert":
         if alert is None:
@@ -95,7 +95,7 @@ def branch_step(run: Path, point: str, failure, alert: Optional[dict]) -> int:
 
 
 def context_of(run: Path, parent: CellConfig, before: int):
-    from harness.logging import read_jsonl
+    from harness.run_dir import read_jsonl
     from harness.mechanisms import ArmContext
     from harness.monitors.settle import role_contracts_of
 
@@ -195,7 +195,7 @@ def write_verdict(run: Path, failure: Optional[dict] = None) -> Path:
     run = Path(run).resolve()
     verdict = diagnose_run(run, run.parent.parent / diagnosis_sweep(run.parent.name), failure=failure)
     target = run / "diagnosis.json"
-    from harness.logging import write_atomic
+    from harness.run_dir import write_atomic
 
     write_atomic(target, json.dumps(verdict, indent=2) + "\n")
     return target

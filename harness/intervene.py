@@ -58,7 +58,7 @@ class Arm:
 def first_alert(run: Path, kind: Optional[str] = None) -> Optional[dict]:
     """The run's first detector alert that was more than logged (alerts.jsonl), of `kind` if given;
     of several at one step, the first written."""
-    from harness.logging import read_jsonl
+    from harness.run_dir import read_jsonl
 
     alerts = [a for a in read_jsonl(run / "alerts.jsonl") if a.get("kind") in DETECTOR_KINDS
               and a.get("action") != "log" and (kind is None or a["kind"] == kind)]
@@ -148,7 +148,7 @@ def arm_config(parent: CellConfig, run: Path, branch: Branch, label: str, mitiga
 def seed_arm(arm: Arm, branch: Branch, extra: Optional[dict] = None) -> None:
     """The arm's folder: the parent's records before K, its checkpoint K, and branch.json. Built aside
     and renamed, so an arm folder is either complete or absent."""
-    from harness.logging import LOG_FILES, iter_jsonl, write_atomic
+    from harness.run_dir import LOG_FILES, iter_jsonl, write_atomic
 
     target = arm.run_dir
     staging = target.with_name(f".{target.name}.seeding")

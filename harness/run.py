@@ -20,7 +20,8 @@ from typing import List, Optional, Sequence
 from omegaconf import OmegaConf
 
 from harness.config import CellConfig, ConfigError, monitor_start
-from harness.logging import RunDir, wandb_settings, write_atomic
+from harness.run_dir import RunDir, write_atomic
+from harness.wandb_sink import wandb_settings
 from harness.validation import load_config
 from harness.metric_keys import role_key
 
@@ -86,7 +87,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
 
     from harness.controller import Controller, sample_records
     from harness.engines import build_engine
-    from harness.logging import WandbSink
+    from harness.wandb_sink import WandbSink
     from harness.monitors import Monitor, held_back, stop_reason
     from harness.monitors.monitor import alert_key
     from harness.monitors.roles import contracts_of

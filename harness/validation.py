@@ -460,7 +460,7 @@ def validate(cfg: CellConfig) -> None:
         if not model.is_file():
             raise ConfigError(f"monitors.learned.enabled: no model at {model}; give monitors.learned.model=<its JSON> "
                               f"(python -m analysis.studies render fits harness/monitors/learned.json)")
-    from harness.logging import WANDB_MODES, wandb_settings
+    from harness.wandb_sink import WANDB_MODES, wandb_settings
 
     _choose("wandb mode (wandb.mode, else $WANDB_MODE)", wandb_settings(cfg)["mode"], WANDB_MODES)
     if cfg.sharing_cfg.full_finetune and kl_in_loss(cfg.algo):

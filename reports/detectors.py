@@ -39,7 +39,7 @@ from analysis.studies import seed_ranges
 from analysis.operating_curve import GRID, held_out, load_cells, shown, summary_line
 from analysis.operating_curve import curve as operating_curve
 from analysis.plots import failure_curve
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.monitors.calibration import CALIBRATION_FILE, write_calibration
 from reports.render import esc, image, md_table, page, table, write
 

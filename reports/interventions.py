@@ -27,7 +27,7 @@ from analysis.arms import action_comparisons, collect_arms, comparisons
 from analysis.labels import label_records
 from analysis.paired import compare_failures, compare_values, worded
 from harness.intervene import interventions_sweep
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from reports.render import esc, image, md_table, page, table, write
 
 ARM_ORDER = ("none", "matched", "control", "sham")

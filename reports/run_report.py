@@ -20,7 +20,7 @@ from analysis.load import load_alerts, load_cells, load_metrics, load_samples
 from analysis.plots import loop_curves, names_of, policy_curves, role_curves, signal_curves
 from analysis.signals import signal_trace
 from analysis.workflow_metrics import WINDOW, agent_rows, window_for, workflow_rows
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from reports.render import esc, image, kv_table, md_code, md_table, page, table, write
 from reports.verdict import verdict
 

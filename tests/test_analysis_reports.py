@@ -290,7 +290,7 @@ def test_each_detectors_signal_is_drawn_against_its_threshold_as_it_judged(sweep
     """The trace is the detectors' own comparison, replayed: every amplification alert of a real run
     sits on a step where its drift ratio was at or above the threshold the trace shows."""
     from analysis.signals import signal_trace
-    from harness.logging import read_jsonl
+    from harness.run_dir import read_jsonl
 
     run = sweep / "voting-ip-math-tiny-m-s0"
     trace = signal_trace(run)

@@ -4,7 +4,7 @@ import json
 import pytest
 import yaml
 
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.run import run_cell, run_dir_of
 from tests.conftest import cell
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from harness.config import ConfigError
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.run import run_cell, run_dir_of
 from tests.conftest import cell
 

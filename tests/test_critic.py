@@ -8,7 +8,7 @@ from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_va
 
 from harness.algo.critic import explained_variance, turn_gae, value_loss, verl_gae, whiten, whiten_within
 from harness.config import CellConfig, ConfigError
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.run import run_cell, run_dir_of
 from tests.conftest import cell
 

@@ -14,7 +14,7 @@ from analysis.detector_validation import (against_baseline, arm_failure_rates, c
                                           notification_delays, outcomes, replay_setup, watched_by, wilson)
 from analysis.labels import capture_labels, contract_labels
 from analysis.operating_curve import _dominates, choose, curve, default_setting, first_alert, held_out, load_cells, shown, summary_line
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from tests.conftest import REPO
 from reports.screenshots import open_in_chromium
 from tests.test_labels import _stream, validations

@@ -341,7 +341,7 @@ def test_monitor_debounces_and_stops():
 def test_the_paired_log_is_read_again_when_a_resume_rewrote_it(tmp_path):
     """A resumed paired run rewrites its metrics.jsonl without the steps past its checkpoint (a new,
     shorter file); reading on from the old offset would skip the step across it and keep stale values."""
-    from harness.logging import write_atomic
+    from harness.run_dir import write_atomic
 
     def log(values):
         write_atomic(tmp_path / "metrics.jsonl", "".join(json.dumps({"step": s, "accuracy": a}) + "\n"

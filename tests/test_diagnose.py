@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from tests.conftest import REPO
 from tests.test_intervene import run, same_keys
 

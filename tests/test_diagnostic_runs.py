@@ -3,7 +3,8 @@ import json
 import subprocess
 from statistics import mean
 
-from harness.logging import read_jsonl, read_wandb_offline
+from harness.run_dir import read_jsonl
+from harness.wandb_sink import read_wandb_offline
 from harness.run import run_cell, run_dir_of
 from tests.conftest import REPO, cell, python_cmd
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from analysis.evaluate import evaluate_run, pass_at_k
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.run import run_cell
 from reports.sweep_report import build_sweep_report
 from tests.conftest import REPO, cell

@@ -13,7 +13,7 @@ from typing import Optional
 
 import pytest
 
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from tests.conftest import REPO
 
 LAUNCH = [sys.executable, "grid/launch.py"]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from tests.conftest import REPO, python_cmd
 
 INTERVENE = [sys.executable, "-m", "harness.intervene"]

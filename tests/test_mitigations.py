@@ -13,7 +13,7 @@ from harness.config import CellConfig, ConfigError, kl_beta
 from harness.engines.base import step_lr, update_plan
 from harness.instrument.gradients import gradient_metrics
 from harness.instrument.probe import GradientProbe
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.mitigations import MITIGATIONS, apply_mitigations
 from harness.rewards import assign_rewards
 from harness.run import run_cell, run_dir_of

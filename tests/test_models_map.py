@@ -6,7 +6,7 @@ import pytest
 
 from harness.config import ConfigError
 from harness.engines import build_engine
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.run import run_cell, run_dir_of
 from harness.tasks import build_task
 from tests.conftest import cell

@@ -4,7 +4,7 @@ import signal
 import subprocess
 import time
 
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from tests.conftest import REPO, python_cmd
 
 # the study's I6 damping on the voter adapter: its gradient EMA is state a resume must restore too

@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 from grid.launch import main as launch_main
 from grid.launch import settle_alerts
 from harness.config import CellConfig, stored_cell_config
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.monitors import Monitor, unwritten
 from harness.monitors.settle import late_alerts, role_policies_of, settle_sweep
 from reports.detectors import build_detector_report

@@ -107,7 +107,7 @@ def test_code_extraction_and_the_synthetic_code_task():
 
 def test_eval_opt_cell_runs_on_the_synthetic_code_task(tmp_path):
     """Generator drafts a program, the evaluator judges it, the sandbox grades the final draft."""
-    from harness.logging import read_jsonl
+    from harness.run_dir import read_jsonl
     from harness.run import run_cell, run_dir_of
     from tests.conftest import cell
 

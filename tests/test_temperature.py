@@ -6,7 +6,7 @@ import torch
 
 from harness.engines.base import ProbsDiff
 from harness.engines.logprobs import plain_log_probs, shared_prompt_log_probs
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.run import run_cell, run_dir_of
 from tests.conftest import cell
 from tests.test_logprobs import _rows

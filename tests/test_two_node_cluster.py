@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from tests.conftest import REPO
 from tests.test_grid_slurm import LAUNCH
 

@@ -8,7 +8,7 @@ from statistics import mean
 
 import pytest
 
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.run import run_cell, run_dir_of
 from tests.conftest import cell
 

@@ -8,7 +8,7 @@ import torch
 from harness.controller import Controller
 from harness.engines.local import LocalEngine
 from harness.instrument.probe import GradientProbe
-from harness.logging import read_jsonl
+from harness.run_dir import read_jsonl
 from harness.run import run_cell, run_dir_of
 from harness.sharing import PolicyMap
 from harness.tasks import build_task

@@ -2,7 +2,7 @@
 value set in the config wins over both, and every run directory has its own wandb run id."""
 import pytest
 
-from harness.logging import read_wandb_offline, wandb_run_id, wandb_settings
+from harness.wandb_sink import read_wandb_offline, wandb_run_id, wandb_settings
 from harness.validation import ConfigError
 from tests.conftest import cell
 

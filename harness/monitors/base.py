@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from harness.logging import FINAL_STATES
+from harness.run_dir import FINAL_STATES
 
 
 class Traced:

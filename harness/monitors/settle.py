@@ -16,7 +16,7 @@ import fcntl
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from harness.logging import FINAL_STATES, RunDir
+from harness.run_dir import FINAL_STATES, RunDir
 from harness.monitors.detectors import Alert
 from harness.monitors.monitor import Monitor, held_back
 

@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from harness.config import CellConfig  # noqa: E402
 from harness.engines.local import DTYPES, LocalEngine  # noqa: E402
 from harness.models import chat_prompt  # noqa: E402
-from harness.workflows import Turn  # noqa: E402
+from harness.episodes import Turn  # noqa: E402
 
 PARITY_TOL = 1e-4
 ADAPTER_TOL = 1e-2  # the adapters' CPU-vs-CUDA gap after the update, as a share of the update (L2)

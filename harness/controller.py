@@ -27,7 +27,8 @@ from harness.instrument.rollout import rollout_metrics
 from harness.rewards import assign_rewards
 from harness.sharing import PolicyMap
 from harness.tasks import Problem, Task
-from harness.workflows import Agents, Episode, Scheduler, Workflow
+from harness.episodes import Episode
+from harness.workflows import Agents, Scheduler, Workflow
 from harness.workflows.prompts import cell_prompts
 from harness.metric_keys import policy_key, role_key
 

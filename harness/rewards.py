@@ -27,7 +27,7 @@ from typing import Callable, Dict, List
 
 from harness.config import REWARD_TERMS as TERMS, RewardConfig
 from harness.imports import import_object
-from harness.workflows import Episode
+from harness.episodes import Episode
 
 
 def weights_for(cfg: RewardConfig, role: str) -> Dict[str, float]:

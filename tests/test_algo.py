@@ -3,7 +3,7 @@ import torch
 from harness.algo.grpo import assign_advantages
 from harness.algo.loss import BatchNorm, aggregate
 from harness.tasks import Grade, Problem
-from harness.workflows import Episode, Turn
+from harness.episodes import Episode, Turn
 
 
 def _turn(role, instance, reward, prompt="prompt"):

@@ -9,7 +9,7 @@ import pytest
 from harness.algo.critic import stage_gae, turn_gae
 from harness.rewards import assign_rewards
 from harness.tasks.base import Grade, Problem
-from harness.workflows.base import Episode, Turn
+from harness.episodes import Episode, Turn
 from tests.conftest import cell
 from tests.test_rewards import _episodes
 

@@ -19,7 +19,7 @@ from harness.rewards import assign_rewards
 from harness.run import run_cell, run_dir_of
 from harness.tasks import Grade, Problem
 from harness.validation import config_from_dict
-from harness.workflows import Episode, Turn
+from harness.episodes import Episode, Turn
 from tests.conftest import REPO, cell, python_cmd
 from tests.test_probe import _setup, spread_advantages
 

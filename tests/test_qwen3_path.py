@@ -209,7 +209,7 @@ def test_the_engine_sends_qwen3_the_thinking_off_prompt(tmp_path):
     from harness.engines.local import LocalEngine
     from harness.tasks import build_task
     from harness.warmup import prepare_model
-    from harness.workflows import Sampling
+    from harness.episodes import Sampling
 
     cfg = cell(tmp_path, "scale=qwen3-tok", "topology=single")
     engine = LocalEngine(prepare_model(cfg, build_task(cfg)), ["shared"], cfg)

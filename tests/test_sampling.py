@@ -4,7 +4,7 @@ import torch
 from harness.engines.local import LocalEngine
 from harness.engines.sampling import group_duplicates, sample_repeated
 from harness.models import chat_prompt
-from harness.workflows import Sampling, Turn
+from harness.episodes import Sampling, Turn
 from tests.conftest import cell
 
 

@@ -9,7 +9,7 @@ from harness.config import MonitorConfig
 from harness.instrument.rollout import rollout_metrics, selection
 from harness.monitors.detectors import CaptureDetector, LengthDriftDetector, SelectionWindow
 from harness.tasks import Problem
-from harness.workflows import Episode, Turn
+from harness.episodes import Episode, Turn
 from tests.test_detectors import CFG, EVAL_OPT_SP, VOTING_SP, fired
 
 

@@ -13,7 +13,8 @@ from harness.config import CodeSynthConfig, ConfigError, QASynthConfig, SandboxC
 from harness.instrument.rollout import rollout_metrics
 from harness.tasks.code import CodeSynthTask
 from harness.tasks.qa_synth import QASynthTask
-from harness.workflows.base import Agents, Generation, Scheduler
+from harness.episodes import Generation
+from harness.workflows.base import Agents, Scheduler
 from harness.workflows.contracts import parse_search, parse_text
 from harness.workflows.graph import GRAPH_DIR, GraphWorkflow, load_graph
 from tests.conftest import REPO, cell, python_cmd

@@ -110,7 +110,7 @@ def test_an_lr_spike_multiplies_the_steps_inside_its_window_and_no_other(tmp_pat
 
 
 def _rows(lengths, policy="shared"):
-    from harness.workflows import Turn
+    from harness.episodes import Turn
 
     return [Turn("voter", 0, policy, "p", [1], [2] * (n - 1), "", False, i) for i, n in enumerate(lengths)]
 

@@ -18,7 +18,7 @@ from harness.engines.verl.engine import VerlEngine
 from harness.instrument.gradients import gradient_metrics
 from harness.instrument.probe import GradientProbe
 from harness.run_dir import read_jsonl
-from harness.workflows import Sampling
+from harness.episodes import Sampling
 from tests.conftest import REPO, python_cmd
 from tests.test_probe import _setup, spread_advantages
 

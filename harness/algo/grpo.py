@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from harness.algo.verl_core import grpo_outcome_advantage
-from harness.workflows import Episode, Turn
+from harness.episodes import Episode, Turn
 
 
 def _grpo(scores: List[float], keys: List[str], norm_by_std: bool, epsilon: float) -> List[float]:

@@ -25,7 +25,7 @@ from harness.algo.coherence import design_effect
 from harness.algo.loss import BatchNorm
 from harness.algo.verl_core import lr_lambda
 from harness.config import kl_in_loss
-from harness.workflows import Generation, Sampling, Turn
+from harness.episodes import Generation, Sampling, Turn
 
 Slot = Tuple[str, int]
 

@@ -27,7 +27,7 @@ from harness.engines.base import (STAT_SUMS, MiniBatch, ProbsDiff, UpdateResult,
 from harness.engines.logprobs import ResponseLogProbs, response_log_probs
 from harness.engines.sampling import generate_grouped, sample_repeated
 from harness.instrument.probe import GradientProbe
-from harness.workflows import Generation, Sampling, Turn
+from harness.episodes import Generation, Sampling, Turn
 
 
 def norm_of(tensors: Sequence[torch.Tensor]) -> float:

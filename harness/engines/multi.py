@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 from harness.engines.base import UpdateResult
-from harness.workflows import Generation, Sampling, Turn
+from harness.episodes import Generation, Sampling, Turn
 
 PER_POLICY = ("policy_grad_norm", "policy_update_norm", "policy_param_norm", "optimizer_steps", "grad_norm_mean",
               "drift", "drift_rate", "minibatches")

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from harness.models import chat_prompt
-from harness.workflows import Generation
+from harness.episodes import Generation
 
 
 @torch.no_grad()

@@ -20,7 +20,7 @@ from collections import defaultdict
 from statistics import mean, pstdev
 from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
-from harness.workflows import Episode, Turn
+from harness.episodes import Episode, Turn
 
 
 # a turn's signals whose selection pressure is logged (role/<r>/selection_<name>); None: not judged

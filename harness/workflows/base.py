@@ -1,4 +1,4 @@
-"""Episodes, turns and the agent handle that workflows talk to.
+"""The agent handle that workflows talk to (episodes and turns: harness/episodes.py).
 
 A workflow is an `async def episode(problem, agents)` that reads like its protocol. `Agents.ask`
 never calls a model: it files a request with the `Scheduler`, which waits until every episode
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
+from harness.episodes import Episode, GenerateFn, Generation, Sampling, Turn
 from harness.tasks import Grade, Problem, Task
 
 
@@ -24,58 +25,6 @@ class RoleSpec:
     trajectory: str = "role"
 
 
-@dataclass
-class Generation:
-    prompt_ids: List[int]
-    response_ids: List[int]
-    text: str
-    truncated: bool  # hit the token budget without an end-of-turn token
-    log_probs: Optional[List[float]] = None  # each response token's log-prob as the sampler drew it
-
-
-@dataclass
-class Turn:
-    role: str
-    instance: int
-    policy: str
-    prompt: str
-    prompt_ids: List[int]
-    response_ids: List[int]
-    text: str
-    truncated: bool
-    index: int  # position in the episode, in order of completion
-    depth: int = 0  # stage on the episode's path through the workflow graph: parallel siblings share it
-    malformed: bool = False  # the reply does not follow its contract's exact format
-    fallback: bool = False  # nothing of the contract could be read: the documented default was used
-    role_correct: Optional[bool] = None  # the role did its own job (voter right, verdict right...)
-    reward: float = 0.0
-    advantage: float = 0.0
-    stats: Dict[str, float] = field(default_factory=dict)  # role-specific numbers, averaged per role in metrics
-    rollout_log_probs: Optional[List[float]] = None  # the sampler's log-prob of each response token
-
-    @property
-    def slot(self) -> Tuple[str, int]:
-        return (self.role, self.instance)
-
-
-@dataclass
-class Episode:
-    problem: Problem
-    turns: List[Turn] = field(default_factory=list)
-    final_text: str = ""
-    grade: Optional[Grade] = None
-    group: int = 0  # which problem of the step (GRPO group)
-    stats: Dict[str, float] = field(default_factory=dict)  # episode-level numbers (rounds used), averaged as episode/<name>
-
-
-@dataclass(frozen=True)
-class Sampling:
-    max_new_tokens: int
-    temperature: float = 1.0
-    greedy: bool = False
-
-
-GenerateFn = Callable[[str, List[str], Sampling], List[Generation]]
 
 
 class Scheduler:

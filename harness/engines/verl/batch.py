@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 from tensordict import TensorDict
 
-from harness.workflows import Turn
+from harness.episodes import Turn
 
 
 def turns_to_batch(turns: Sequence[Turn], pad_id: int) -> TensorDict:

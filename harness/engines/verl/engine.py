@@ -35,7 +35,7 @@ from harness.engines.sampling import generate_grouped
 from harness.engines.verl.rollout import launch_replica, resolve_backend, rollout_config, run_sync
 from harness.engines.verl.rollout import sample as rollout_sample
 from harness.instrument.probe import PolicyGradients
-from harness.workflows import Generation, Sampling, Turn
+from harness.episodes import Generation, Sampling, Turn
 
 CPU_PLUGIN = "harness.engines.verl.cpu_platform"
 

@@ -204,8 +204,10 @@ def replayed_alerts(records: List[dict], context: ReplayContext) -> List[dict]:
     context replay_setup gives). For re-scoring a sweep after the detectors changed; the run's own
     alerts.jsonl stays as it was."""
     from harness.monitors import Monitor
+    from harness.paired_run import paired_run
 
-    monitor = Monitor(context.monitors, context.role_policies, context.role_contracts, context.start)
+    monitor = Monitor(context.monitors, context.role_policies, context.role_contracts, context.start,
+                      reference=paired_run(context.monitors))
     return [a.record() for record in records for a in monitor.observe(record)]
 
 

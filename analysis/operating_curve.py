@@ -19,7 +19,8 @@ import pandas as pd
 from analysis.detector_validation import (BAR, DETECTOR_OF, WARNINGS, ReplayContext, RunOutcome, detector_scores,
                                           first_alerts, replay_setup, scored_name)
 from harness.run_dir import read_jsonl
-from harness.monitors.detectors import ReferenceRun, build_detector
+from harness.monitors.detectors import build_detector
+from harness.paired_run import ReferenceRun, paired_run
 
 # the settings tried per early warning (its detector's MonitorConfig field's names); the defaults are added
 GRID: Dict[str, Dict[str, List[Any]]] = {
@@ -51,7 +52,7 @@ def load_cells(results: List[RunOutcome], until: Optional[int] = None) -> List[R
         records = [m for m in read_jsonl(r.run_dir / "metrics.jsonl")
                    if isinstance(m.get("step"), int) and (until is None or m["step"] < until)]
         context = replay_setup(r.run_dir)
-        reference = ReferenceRun(context.monitors.reference_run) if context.monitors.reference_run else None
+        reference = paired_run(context.monitors)
         cells.append(ReplayCell(r, records, context, reference))
     return cells
 

@@ -19,6 +19,7 @@ def signal_trace(run: Path, records: Optional[List[dict]] = None, context=None) 
     from harness.config import stored_cell_config
     from harness.run_dir import read_jsonl
     from harness.monitors import Monitor
+    from harness.paired_run import paired_run
 
     run = Path(run)
     if records is None:
@@ -29,7 +30,8 @@ def signal_trace(run: Path, records: Optional[List[dict]] = None, context=None) 
     monitors = stored_cell_config(run).monitors
     monitors.reference_run = context.monitors.reference_run  # the paired run beside the cell, as found now
     rows: list = []
-    monitor = Monitor(monitors, context.role_policies, context.role_contracts, context.start, trace=rows)
+    monitor = Monitor(monitors, context.role_policies, context.role_contracts, context.start, trace=rows,
+                      reference=paired_run(monitors))
     for record in records:
         monitor.observe(record)
     return pd.DataFrame(rows, columns=TRACE_COLUMNS)

@@ -91,6 +91,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     from harness.monitors import Monitor, held_back, stop_reason
     from harness.monitors.monitor import alert_key
     from harness.monitors.roles import contracts_of
+    from harness.paired_run import paired_run
     from harness.warmup import prepare_model, warm_info
     from harness.sharing import PolicyMap
     from harness.tasks import build_task
@@ -162,7 +163,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     role_policies = {role.name: sorted({policy_map.policy_of(role.name, i) for i in range(role.instances)})
                      for role in workflow.roles()}
     role_contracts = contracts_of(workflow)
-    monitor = Monitor(cfg.monitors, role_policies, role_contracts, monitor_start(cfg))
+    monitor = Monitor(cfg.monitors, role_policies, role_contracts, monitor_start(cfg), reference=paired_run(cfg.monitors))
     written = run_dir.records("alerts.jsonl")
     # steps before `waiting` (all before `start` when none waited) were judged live: alerts.jsonl holds them
     replayed = monitor.replay(run_dir.records("metrics.jsonl"), written, start if waiting is None else waiting)

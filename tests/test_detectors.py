@@ -7,7 +7,8 @@ import random
 
 from harness.config import MonitorConfig
 from harness.monitors import Monitor, held_back, stop_reason, unwritten
-from harness.monitors.detectors import (significantly_below, AmplificationDetector, CaptureDetector, CollapseDetector, ReferenceRun,
+from harness.paired_run import ReferenceRun, paired_run
+from harness.monitors.detectors import (significantly_below, AmplificationDetector, CaptureDetector, CollapseDetector,
                                         LengthDriftDetector, NonFiniteDetector)
 
 CFG = MonitorConfig()
@@ -277,7 +278,7 @@ def test_the_monitor_debounces_the_collapse_warning_apart_from_its_confirmation(
     for r in records:
         if r["step"] % 10 == 0:
             r.update({"val/accuracy": 0.5 if r["step"] < 10 else 0.02, "val/accuracy_se": 0.02})
-    monitor = Monitor(cfg, VOTING_SP)
+    monitor = Monitor(cfg, VOTING_SP, reference=paired_run(cfg))
     alerts = [a for r in records for a in monitor.observe(r) if a.kind == "collapse"]
     assert [a.signal for a in alerts] == ["training vs paired run", "validation"]
     assert alerts[0].step < alerts[1].step == 20  # the second validation below the bar (steps 10, 20) confirms
@@ -288,23 +289,23 @@ def test_a_resume_writes_the_warnings_that_waited_for_the_paired_run_when_the_ru
     moved on, the replay judges them, and `held_back` gives exactly the alerts alerts.jsonl lacks."""
     directory = tmp_path / "single"
 
-    def paired_run(steps):  # its accuracy and its drift, so both waiting detectors judge what it has logged
+    def write_paired(steps):  # its accuracy and its drift, so both waiting detectors judge what it has logged
         directory.mkdir(exist_ok=True)
         (directory / "metrics.jsonl").write_text("".join(
             json.dumps({"step": s, "accuracy": 0.5, "policy/solver/drift": 0.01 * s}) + "\n" for s in range(steps)))
 
-    paired_run(12)
+    write_paired(12)
     cfg = MonitorConfig(reference_run=str(directory))
     records = [{"step": s, "accuracy": 0.5 if s < 12 else 0.05} for s in range(25)]
-    live = Monitor(cfg, VOTING_SP)
+    live = Monitor(cfg, VOTING_SP, reference=paired_run(cfg))
     written = [a.record() for r in records for a in live.observe(r)]
     assert not written and live.waiting_since() == 12  # steps 12-24 still wait for the paired run when the cell dies
-    paired_run(40)
-    late = held_back(Monitor(cfg, VOTING_SP).replay(records), written, live.waiting_since())
+    write_paired(40)
+    late = held_back(Monitor(cfg, VOTING_SP, reference=paired_run(cfg)).replay(records), written, live.waiting_since())
     assert late and all(a.signal == "training vs paired run" and 12 < a.step < 25 for a in late)
-    assert late == unwritten(Monitor(cfg, VOTING_SP).replay(records), written)  # nothing else differs
+    assert late == unwritten(Monitor(cfg, VOTING_SP, reference=paired_run(cfg)).replay(records), written)  # nothing else differs
     # what was written already is not written twice
-    assert not held_back(Monitor(cfg, VOTING_SP).replay(records), written + [a.record() for a in late], 12)
+    assert not held_back(Monitor(cfg, VOTING_SP, reference=paired_run(cfg)).replay(records), written + [a.record() for a in late], 12)
 
 
 def test_non_finite():
@@ -318,12 +319,12 @@ def test_monitor_debounces_and_stops():
     rng = random.Random(5)
     cfg = MonitorConfig()
     cfg.amplification.action = "stop"
-    monitor = Monitor(cfg, VOTING_IP)
+    monitor = Monitor(cfg, VOTING_IP, reference=paired_run(cfg))
     steps_fired = [a.step for s in range(80) for a in monitor.observe({"step": s, **ip_voting(s, rng, pulling=0.08)})
                    if a.kind == "amplification"]
     first = steps_fired[0]
     assert steps_fired == [first, first + 25, first + 50]  # then once per debounce window of 25
-    alerts = Monitor(cfg, VOTING_IP)
+    alerts = Monitor(cfg, VOTING_IP, reference=paired_run(cfg))
     last = []
     rng = random.Random(5)
     for s in range(first + 1):
@@ -331,9 +332,9 @@ def test_monitor_debounces_and_stops():
     assert stop_reason(last).startswith("amplification: gradient amplification")
     # replay rebuilds the same state: the next step behaves as in an uninterrupted stream
     records = [{"step": s, **ip_voting(s, random.Random(s), pulling=0.08 if s % 9 else 0.0)} for s in range(60)]
-    straight = Monitor(cfg, VOTING_IP)
+    straight = Monitor(cfg, VOTING_IP, reference=paired_run(cfg))
     expected = [a.step for r in records for a in straight.observe(r)]
-    resumed = Monitor(cfg, VOTING_IP)
+    resumed = Monitor(cfg, VOTING_IP, reference=paired_run(cfg))
     resumed.replay(records[:17])
     assert expected and [a.step for r in records[17:] for a in resumed.observe(r)] == [s for s in expected if s >= 17]
 
@@ -388,7 +389,7 @@ def test_every_detector_gives_the_same_alerts_at_a_thousandth_of_the_update_size
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in scaled(paired, factor)))
 
     def alerts(records, name):
-        monitor = Monitor(MonitorConfig(reference_run=str(tmp_path / name)), VOTING_IP)
+        monitor = Monitor(MonitorConfig(), VOTING_IP, reference=ReferenceRun(str(tmp_path / name)))
         return [(a.step, a.kind, a.role, a.policy, a.signal) for r in records for a in monitor.observe(r)]
 
     for records in (failing, healthy):

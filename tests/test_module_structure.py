@@ -103,3 +103,17 @@ def test_metric_keys_parse_what_they_build():
     record = {role_key("voter", "entropy"): 1, role_key("aggregator", "entropy"): 2,
               instance_key("voter", 0, "entropy"): 3, policy_key("voter", "entropy"): 4}
     assert names_in(record, "role", "entropy") == ["aggregator", "voter"]
+
+
+def test_detectors_read_no_files():
+    """The detectors, the monitor and the paired stream they compare with are functions of the records
+    their caller hands them: the paired run is followed on disk by harness/paired_run.py, not here."""
+    import re
+
+    io = re.compile(r"\bopen\(|read_text\(|\.stat\(\)|\bPath\(|json\.load\(")
+    found = [f"{name}:{n}" for name in ("base.py", "detectors.py", "monitor.py", "features.py")
+             for n, line in enumerate((REPO / "harness" / "monitors" / name).read_text().splitlines(), 1)
+             if io.search(line)]
+    assert found == []
+    assert "harness.paired_run" not in set().union(*(import_graph()[f"harness.monitors.{m}"]
+                                                      for m in ("base", "detectors", "monitor", "features")))

@@ -8,6 +8,7 @@ from grid.launch import settle_alerts
 from harness.config import CellConfig, stored_cell_config
 from harness.run_dir import read_jsonl
 from harness.monitors import Monitor, unwritten
+from harness.paired_run import paired_run
 from harness.monitors.settle import late_alerts, role_policies_of, settle_sweep
 from reports.detectors import build_detector_report
 
@@ -42,7 +43,8 @@ def _cell_that_ended_ahead(sweep, state="finished", policies=POLICIES, debounce=
     for r in records[::10]:
         r.update({"val/accuracy": r["accuracy"], "val/accuracy_se": 0.02})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    live = Monitor(OmegaConf.to_object(cfg).monitors, role_policies_of({"policies": POLICIES}))
+    monitors = OmegaConf.to_object(cfg).monitors
+    live = Monitor(monitors, role_policies_of({"policies": POLICIES}), reference=paired_run(monitors))
     (run / "alerts.jsonl").write_text("".join(json.dumps(a.record()) + "\n" for r in records for a in live.observe(r)))
     assert live.waiting_since() == 12
     (run / "status.json").write_text(json.dumps({"state": state, "step": 40, "policies": policies,
@@ -62,7 +64,8 @@ def test_a_finished_run_gets_the_alerts_its_lagging_paired_run_held_back_once(tm
     assert late and all(a.kind == "collapse" and a.signal == "training vs paired run" and 12 < a.step < 40
                         for a in late)
     cfg = stored_cell_config(run).monitors  # what a live run would have raised
-    in_step = Monitor(cfg, role_policies_of({"policies": POLICIES})).replay(read_jsonl(run / "metrics.jsonl"))
+    in_step = Monitor(cfg, role_policies_of({"policies": POLICIES}), reference=paired_run(cfg)).replay(
+        read_jsonl(run / "metrics.jsonl"))
     assert late == unwritten(in_step, live)  # had its paired run kept pace: exactly these
     written = read_jsonl(run / "alerts.jsonl")
     assert written[:len(live)] == live and all(w["late"] is True for w in written[len(live):])

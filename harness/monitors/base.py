@@ -1,14 +1,10 @@
 """What every detector shares: the alert it raises, the trace a report draws of what it compared,
-and the paired single-agent run's log, read as it grows."""
+and the paired single-agent run's records as the caller hands them over."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Dict, Optional, Tuple
-
-from harness.run_dir import FINAL_STATES
+from typing import Dict, List, Optional
 
 
 class Traced:
@@ -43,21 +39,30 @@ class Alert:
         return asdict(self)
 
 
-class ReferenceRun:
-    """The paired single-agent run's metrics at each step, read from its metrics.jsonl as it grows
-    (it may run beside this cell; only complete lines count): its drift ‖θ_t − θ_0‖ (mean over its
-    policies) and its training accuracy (on the same problems as the cell's, step for step: both
-    draw a step's problems from the seed)."""
+class PairedStream:
+    """The paired single-agent run's records, step by step, as its caller hands them over: what the
+    detectors that compare with it (amplification: drift, collapse: training accuracy) read. Pure: the
+    caller feeds records (`add`) and says when that run is over (`end`); a detector never reads a file.
+    harness/paired_run.py's ReferenceRun is the one that follows a run directory's log as it grows."""
 
-    def __init__(self, run_dir: str):
-        self.path = Path(run_dir) / "metrics.jsonl"
-        self.offset = 0
-        self.identity: Optional[Tuple[int, int]] = None  # (inode, device) of the file read so far
-        self.size = -1  # its size at the last read
+    def __init__(self, records: Optional[List[dict]] = None, over: bool = False):
         self.records: Dict[int, dict] = {}  # step -> its record (drift and accuracy are read from it)
+        self.over = over  # the run ended (finished, stopped early, diverged): it writes no more steps
+        for record in records or []:
+            self.add(record)
+
+    def add(self, record: dict) -> None:
+        if isinstance(record.get("step"), int):
+            self.records[record["step"]] = record
+
+    def end(self) -> None:
+        self.over = True
+
+    def refresh(self) -> None:
+        """Take in what the paired run wrote since the last look (here: nothing, the caller feeds it)."""
 
     def record_at(self, step: int) -> Optional[dict]:
-        self._read()
+        self.refresh()
         return self.records.get(step)
 
     def drift_at(self, step: int) -> Optional[float]:
@@ -71,40 +76,7 @@ class ReferenceRun:
         return float(accuracy) if isinstance(accuracy, (int, float)) and math.isfinite(accuracy) else None
 
     def ended_before(self, step: int) -> bool:
-        """The paired run is over (finished, stopped early or diverged) without reaching `step`: it
-        never will, so waiting for it is pointless (a failed run may still be resumed: keep waiting)."""
-        status_file = self.path.parent / "status.json"
-        try:
-            status = json.loads(status_file.read_text())
-        except (OSError, json.JSONDecodeError):
-            return False
-        self._read()
-        seen = self.records.keys()
-        return status.get("state") in FINAL_STATES and all(s < step for s in seen)
-
-    def _read(self) -> None:
-        try:
-            stat = self.path.stat()
-        except OSError:
-            return
-        if (stat.st_ino, stat.st_dev) != self.identity or stat.st_size < self.offset:
-            # replaced (a resumed paired run rewrites its log without the steps past its checkpoint):
-            # read it again from the start, or the line across the old offset is never parsed
-            self.identity, self.offset, self.size = (stat.st_ino, stat.st_dev), 0, -1
-            self.records.clear()
-        if stat.st_size == self.size:
-            return  # nothing new since the last read (one stat per lookup)
-        self.size = stat.st_size
-        with self.path.open("rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.decode().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(record.get("step"), int):
-                continue
-            self.records[record["step"]] = record
+        """The paired run is over without reaching `step`: it never will, so waiting for it is pointless
+        (a failed run may still be resumed: keep waiting)."""
+        self.refresh()
+        return self.over and all(s < step for s in self.records)

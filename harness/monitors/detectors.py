@@ -14,7 +14,7 @@ import statistics
 from collections import defaultdict, deque
 from typing import Deque, Dict, List, Optional, Tuple
 
-from harness.monitors.base import Alert, ReferenceRun, Traced
+from harness.monitors.base import Alert, PairedStream, Traced
 from harness.monitors.roles import judging_roles
 from harness.metric_keys import names_in, policy_key, role_key  # noqa: F401  (names_in: read by callers here)
 
@@ -60,7 +60,7 @@ class AmplificationDetector(Traced):
     kind = "amplification"
     paired_signals = (None,)  # its alerts judged against the paired run (build_detector gives it the reference)
 
-    def __init__(self, cfg, role_policies: Dict[str, List[str]], reference: Optional[ReferenceRun] = None):
+    def __init__(self, cfg, role_policies: Dict[str, List[str]], reference: Optional[PairedStream] = None):
         self.cfg = cfg
         self.reference = reference
         self.coherence: Dict[str, Ewma] = defaultdict(lambda: Ewma(0.2))
@@ -394,7 +394,7 @@ class CollapseDetector(Traced):
     kind = "collapse"
     paired_signals = (TREND_SIGNAL,)  # the warning is judged against the paired run, the confirmation is not
 
-    def __init__(self, cfg, role_policies=None, reference: Optional[ReferenceRun] = None):
+    def __init__(self, cfg, role_policies=None, reference: Optional[PairedStream] = None):
         self.cfg = cfg
         self.best: Optional[Tuple[float, float]] = None  # (accuracy, its standard error)
         self.streak = 0
@@ -511,7 +511,7 @@ DETECTORS = {"amplification": AmplificationDetector, "capture": CaptureDetector,
              "collapse": CollapseDetector, "nonfinite": NonFiniteDetector, "learned": LearnedDetector}
 
 
-def build_detector(name: str, cfg, role_policies: Dict[str, List[str]], reference: Optional[ReferenceRun] = None,
+def build_detector(name: str, cfg, role_policies: Dict[str, List[str]], reference: Optional[PairedStream] = None,
                    role_contracts: Optional[Dict[str, str]] = None):
     """DETECTORS[name] on its settings `cfg`; those that compare the cell with its paired
     single-agent run (amplification: drift, collapse: training accuracy) share one `reference`, so

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Deque, Dict, List, Optional
 
-from harness.monitors.base import Alert, ReferenceRun, Traced
+from harness.monitors.base import Alert, PairedStream, Traced
 from harness.monitors.features import SignalWindow
 
 DEFAULT_MODEL = Path(__file__).with_name("learned.json")
@@ -60,7 +60,7 @@ class LearnedDetector(Traced):
     kind = "learned"
     paired_signals = (None,)
 
-    def __init__(self, cfg, role_policies=None, reference: Optional[ReferenceRun] = None):
+    def __init__(self, cfg, role_policies=None, reference: Optional[PairedStream] = None):
         self.cfg = cfg
         self.model = LearnedModel.load(Path(cfg.model) if cfg.model else DEFAULT_MODEL) if cfg.enabled else None
         self.window = SignalWindow(self.model.window) if self.model else None

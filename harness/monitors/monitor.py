@@ -13,19 +13,20 @@ from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from harness.monitors.calibration import describe, load_calibration
-from harness.monitors.detectors import DETECTORS, PAIRED_ALERTS, Alert, ReferenceRun, build_detector
+from harness.monitors.base import PairedStream
+from harness.monitors.detectors import DETECTORS, PAIRED_ALERTS, Alert, build_detector
 
 
 class Monitor:
     """`start_step`: no alert before it (the detectors still read every record); the run resolves
     monitors.start_step, by default its first validation after step 0. Each alert carries what its
-    kind was shown to predict (harness/monitors/calibration.py)."""
+    kind was shown to predict (harness/monitors/calibration.py). `reference`: the paired single-agent
+    run's records, from the caller (harness/paired_run.py follows one on disk); detectors never read files."""
 
     def __init__(self, cfg, role_policies: Dict[str, List[str]], role_contracts: Optional[Dict[str, str]] = None,
-                 start_step: int = 0, trace: Optional[list] = None):
+                 start_step: int = 0, trace: Optional[list] = None, reference: Optional[PairedStream] = None):
         self.cfg = cfg
         self.start_step = start_step
-        reference = ReferenceRun(cfg.reference_run) if cfg.reference_run else None
         self.detectors = [build_detector(name, getattr(cfg, name), role_policies, reference, role_contracts)
                           for name in DETECTORS]
         for detector in self.detectors:  # a report's replay: what each detector compared, step by step

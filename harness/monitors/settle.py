@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional
 from harness.run_dir import FINAL_STATES, RunDir
 from harness.monitors.detectors import Alert
 from harness.monitors.monitor import Monitor, held_back
+from harness.paired_run import paired_run
 
 ENDED = ("finished", "stopped_early")  # the states a run's last status write records its waiting steps in
 
@@ -76,7 +77,8 @@ def late_alerts(run: Path) -> List[Alert]:
             return []
         monitors.reference_run = str(paired)
         written = run_dir.records("alerts.jsonl")
-        replayed = Monitor(monitors, role_policies_of(status), role_contracts_of(status), monitor_start(cfg)).replay(
+        replayed = Monitor(monitors, role_policies_of(status), role_contracts_of(status), monitor_start(cfg),
+                           reference=paired_run(monitors)).replay(
             run_dir.records("metrics.jsonl"), written, since)
         late = held_back(replayed, written, since)
         if late:

@@ -253,8 +253,34 @@ def submit_slurm(cells: List[Cell], cluster, launcher, ledger: Ledger) -> Dict[s
     return entries
 
 
+def warm_models(cells: List[Cell], log=print) -> None:
+    """Build or warm each tiny base model the cells need, once, here, before any cell starts: a local
+    sweep's first minutes show the warm-up's progress instead of silence, and the cells find the model
+    cached. A cell whose config cannot be read here is left to report that itself."""
+    from harness.models import resolve_model_path
+    from harness.tasks import build_task
+    from harness.validation import config_from_dict
+    from harness.warmup import prepare_model
+
+    seen = set()
+    for cell in cells:
+        try:
+            cfg = config_from_dict(cell.overrides)
+        except Exception:  # noqa: BLE001 (the cell's own run says what is wrong)
+            continue
+        shape = (cfg.scale, cfg.task, cfg.topology)
+        if shape in seen or resolve_model_path(cfg) is not None:  # a checkpoint on disk: nothing to warm
+            continue
+        seen.add(shape)
+        try:
+            prepare_model(cfg, build_task(cfg), log=log)
+        except Exception as exc:  # noqa: BLE001 (each cell tries again and records its own reason)
+            log(f"[models] could not prepare {cfg.scale} for {cfg.task} here ({exc}); the cells will try themselves")
+
+
 def run_local(cells: List[Cell], launcher, ledger: Ledger, log=print) -> Dict[str, str]:
     """Run cells as local processes, at most `parallelism` at once; block until all end."""
+    warm_models(cells, log)
     executor = submitit.AutoExecutor(folder=str(launcher.folder), cluster="local")
     executor.update_parameters(timeout_min=24 * 60)
     queue, running, outcome = list(cells), {}, {}

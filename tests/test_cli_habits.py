@@ -158,3 +158,18 @@ def test_the_launcher_prints_the_resolved_sweep_with_cfg_job(tmp_path, capsys):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["sweep"]["name"] == "smoke" and printed["sweep"]["cell"]["steps"] == 3
     assert printed["launcher"]["name"] == "local" and not any(tmp_path.iterdir())
+
+
+def test_a_local_sweep_shows_the_warm_up_before_its_cells_start(tmp_path, capsys):
+    """make demo was silent for the warm-up's two minutes (each cell warmed the model in its own log):
+    the local launcher warms each model once, printing its progress, then the cells find it cached."""
+    cache, root = tmp_path / "cache", tmp_path / "runs"
+    one = [f"root={root}", "sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.sharing=[ip]",
+           "sweep.baseline=false", "sweep.cell.steps=1", "sweep.cell.val_problems=2", "sweep.cell.report=false",
+           f"sweep.cell.model.cache_dir={cache}", "sweep.cell.model.warmup_steps=3"]
+    assert launch_main(one) == 0
+    out = capsys.readouterr().out
+    assert "[models] warming up tiny-m on task arith" in out and "[warmup] done in" in out
+    assert out.index("[warmup] done in") < out.index("started voting-ip-math-tiny-m-s0")
+    log = next((root / "smoke" / ".submitit").glob("*_0_log.out")).read_text()
+    assert "[models] warming up" not in log  # the cell found it cached

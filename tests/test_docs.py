@@ -45,7 +45,7 @@ def anchors(page: Path) -> set:
 
 def test_the_readme_is_a_short_front_door_that_cites_its_papers():
     text = README.read_text()
-    assert len(text.splitlines()) <= 300
+    assert len(text.splitlines()) < 200
     for needed in ("https://arxiv.org/abs/2605.24202", "When Does Multi-Agent RL Improve LLM Workflows?",  # the study
                    "https://arxiv.org/abs/2605.26646", "UnityMAS-O: A General RL Optimization Framework",   # UnityMAS-O
                    "https://github.com/volcengine/verl", "https://github.com/XHMY/marl-llm-workflows"):
@@ -55,6 +55,11 @@ def test_the_readme_is_a_short_front_door_that_cites_its_papers():
         assert section in text, section
     # no screenshot on the front door: the reports page shows them, regenerated from a real run
     assert "![" not in text
+
+
+def test_the_docs_are_a_manual_of_short_pages():
+    """Long pages were lab notebooks: a page that grows past 300 lines is split or its notes moved to a study."""
+    assert {p.name: n for p in PAGES if (n := len(p.read_text().splitlines())) > 300} == {}
 
 
 @pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.name)

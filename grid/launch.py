@@ -35,6 +35,7 @@ if __package__ in (None, ""):  # `python grid/launch.py`: make the repo root imp
 
 from grid.expand import CONF_DIR, GridError, check_cells, choices, expand, table  # noqa: E402
 from grid.gpu_estimate import estimate_line, load_measurement  # noqa: E402
+from harness.report_hooks import build_report  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 ACTIONS = ("launch", "status", "intervene", "diagnose")
@@ -271,9 +272,7 @@ def settle_alerts(sweep_dir: Path, out) -> None:
             + "; ".join(f"step {a.step} {a.kind}" for a in alerts))
         try:
             if stored_cell_config(sweep_dir / run_id).report:
-                from reports.run_report import build_run_report
-
-                build_run_report(sweep_dir / run_id)
+                build_report("run", sweep_dir / run_id)
         except Exception as exc:  # noqa: BLE001 - the alerts are written; `python -m reports` can redraw
             out(f"warning: could not redraw the report of {run_id} ({type(exc).__name__}: {exc})")
 
@@ -340,9 +339,7 @@ def intervene(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> in
     arms_cfg = OmegaConf.merge(cfg, {"sweep": {"name": interventions_sweep(cfg.sweep.name)}})
     code = launch(arms, arms_cfg, argv, out)
     if arms_cfg.launcher.name != "slurm" or cfg.get("wait"):
-        from reports.interventions import build_intervention_report
-
-        out(f"intervention report: {build_intervention_report(sweep_dir)}")
+        out(f"intervention report: {build_report('interventions', sweep_dir)}")
     return code
 
 
@@ -439,9 +436,7 @@ def print_confusion(sweep_dir: Path, out) -> None:
 
 def sweep_report(sweep_dir: Path, out) -> None:
     try:
-        from reports.sweep_report import build_sweep_report
-
-        out(f"sweep report: {build_sweep_report(sweep_dir)}")
+        out(f"sweep report: {build_report('sweep', sweep_dir)}")
     except Exception as exc:  # noqa: BLE001 - the sweep itself succeeded; `python -m reports` can retry
         out(f"warning: could not write the sweep report ({type(exc).__name__}: {exc})")
 

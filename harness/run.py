@@ -297,9 +297,9 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
 def _write_report(run_dir: RunDir, log) -> None:
     """The run's diagnostic report; a report that cannot be drawn never fails a finished run."""
     try:
-        from reports.run_report import build_run_report
+        from harness.report_hooks import build_report
 
-        log(f"report: {build_run_report(run_dir.path)}")
+        log(f"report: {build_report('run', run_dir.path)}")
     except Exception as exc:  # noqa: BLE001 - reported, and `python -m reports <run>` can retry
         log(f"warning: could not write the report ({type(exc).__name__}: {exc}); retry with python -m reports {run_dir.path}")
 

@@ -117,3 +117,20 @@ def test_detectors_read_no_files():
     assert found == []
     assert "harness.paired_run" not in set().union(*(import_graph()[f"harness.monitors.{m}"]
                                                       for m in ("base", "detectors", "monitor", "features")))
+
+
+def test_the_harness_and_the_grid_never_import_the_reports():
+    """Reports attach through the `marl_harness.reports` entry points (harness/report_hooks.py): a run and
+    a sweep that end call the builder installed for their kind, without an arrow back up to reports/."""
+    from harness.report_hooks import KINDS, build_report, report_builder
+
+    importing = [f"{path.relative_to(REPO)}:{n}" for folder in ("harness", "grid")
+                 for path in sorted((REPO / folder).rglob("*.py"))
+                 for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if line.strip().startswith(("from reports", "import reports"))]
+    assert importing == []
+    assert all(report_builder(kind).__module__.startswith("reports.") for kind in KINDS)  # installed and found
+    import pytest
+
+    with pytest.raises(ValueError, match="valid choices: run, sweep, interventions"):
+        build_report("notebook", REPO)

@@ -15,7 +15,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -40,13 +40,14 @@ class StepResult:
 
 
 class Controller:
-    def __init__(self, cfg, task: Task, workflow: Workflow, policy_map: PolicyMap, engine):
+    def __init__(self, cfg, task: Task, workflow: Workflow, policy_map: PolicyMap, engine,
+                 prompts: Optional[Dict[str, str]] = None):
         self.cfg = cfg
         self.task = task
         self.workflow = workflow
         self.policy_map = policy_map
         self.engine = engine
-        self.prompts = cell_prompts(cfg.workflow, workflow.templates())
+        self.prompts = prompts if prompts is not None else cell_prompts(cfg.workflow, workflow.templates())
         roles = [r.name for r in workflow.roles()]
         # a graph's role may need at least some tokens (evidence, notes); a cell's per-role setting wins
         asked, default = workflow.role_budgets(), cfg.workflow.max_new_tokens
@@ -62,6 +63,11 @@ class Controller:
             self.critic = getattr(engine, "critic", None) or FeatureCritic(engine, TurnCritic(
                 {p: engine.hidden_size(p) for p in policy_map.policies}, cfg.algo.critic_lr, cfg.algo.value_clip,
                 cfg.algo.critic_steps, cfg.seed), cfg.algo.micro_batch_size)
+
+    @classmethod
+    def from_recipe(cls, recipe, engine) -> "Controller":
+        """The controller of a cell built once (harness/recipe.py)."""
+        return cls(recipe.cfg, recipe.task, recipe.workflow, recipe.policy_map, engine, prompts=recipe.prompts)
 
     def save(self, directory) -> None:
         """What a checkpoint needs beyond the engine's weights: the critic, when there is one."""

@@ -88,71 +88,28 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
     from harness.controller import Controller, sample_records
     from harness.engines import build_engine
     from harness.wandb_sink import WandbSink
-    from harness.monitors import Monitor, held_back, stop_reason
-    from harness.monitors.monitor import alert_key
-    from harness.monitors.roles import contracts_of
+    from harness.live_alerts import LiveAlerts
+    from harness.monitors import Monitor, stop_reason
     from harness.paired_run import paired_run
-    from harness.warmup import prepare_model, warm_info
-    from harness.sharing import PolicyMap
-    from harness.tasks import build_task
-    from harness.workflows import build_workflow
+    from harness.recipe import CellRecipe
+    from harness.warmup import warm_info
 
-    requested = OmegaConf.to_container(OmegaConf.structured(cfg))
-    status = run_dir.read_status()
-    if run_dir.file("cell.yaml").is_file():
-        stored = OmegaConf.to_container(OmegaConf.load(run_dir.file("cell.yaml")))
-        differing = _config_mismatch(stored, requested)
-        if differing:
-            raise ConfigError(f"{run_dir.path} holds a run with a different config ({', '.join(differing)}); "
-                              f"choose another sweep= or cell_id=")
-    done = status and (status.get("state") == "stopped_early"
-                       or (status.get("state") == "finished" and status.get("step", 0) >= cfg.steps))
-    if done:
-        log(f"cell {cfg.cell_id} already {status['state']} at step {status['step']} ({run_dir.path}); nothing to do")
-        return status["state"]
-
-    from harness.checkpoints import CheckpointError
-
-    try:  # before anything is built or written: damaged state is never trained on
-        resume = run_dir.resume_point()
-    except CheckpointError as exc:
-        raise ConfigError(str(exc)) from None
-    for skipped in resume.skipped:
-        log(f"warning: checkpoint {skipped}; falling back to "
-            f"{resume.checkpoint.name if resume.checkpoint else 'step 0'}")
-    task = build_task(cfg)
-    workflow = build_workflow(cfg, task)
-    policy_map = PolicyMap.from_config(cfg, workflow.role_instances(), workflow.sharing_maps())
-    model_dir = prepare_model(cfg, task, log=log)
-
-    run_dir.path.mkdir(parents=True, exist_ok=True)
-    lock = open(run_dir.file(".lock"), "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise ConfigError(f"cell {cfg.cell_id} is already running ({run_dir.path}.lock held)") from None
-    run_dir.create()
-    write_atomic(run_dir.file("cell.yaml"), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    ended = _already_ended(cfg, run_dir, log)
+    if ended:
+        return ended
+    resume = _resume_point(run_dir, log)  # before anything is built or written: damaged state is never trained on
+    recipe = CellRecipe.build(cfg)
+    task, workflow, policy_map = recipe.task, recipe.workflow, recipe.policy_map
+    model_dir = recipe.model_dir(log=log)
+    lock = _claim(cfg, run_dir)
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     engine = build_engine(cfg, model_dir, policy_map.policies, run_dir.path / "engine", task=task)
     if getattr(engine, "placement", None):  # engine=verl: which Ray node(s) each policy's workers were given
         write_atomic(run_dir.file("placement.json"), json.dumps({"placement": cfg.verl.placement,
                                                                  "policies": engine.placement}, indent=2))
-    controller = Controller(cfg, task, workflow, policy_map, engine)
-    start, best, waiting = 0, -1.0, None
-    checkpoint = resume.checkpoint
-    if checkpoint is not None:
-        engine.load(checkpoint)
-        controller.load(checkpoint)
-        state = OmegaConf.to_container(OmegaConf.load(checkpoint / "trainer.yaml"))
-        start, best = int(state["step"]), float(state["best_val"])
-        if "waiting_for_paired_run" in state:
-            waiting = state["waiting_for_paired_run"]
-        else:
-            log(f"checkpoint {checkpoint.name} predates the record of steps left waiting for the paired run: "
-                f"steps before {start} that waited for it may stay unjudged (alerts.jsonl keeps what was judged live)")
-        log(f"resuming {cfg.cell_id} from step {start}")
+    controller = Controller.from_recipe(recipe, engine)
+    start, best, waiting = _restore(cfg, resume.checkpoint, engine, controller, log)
     if hasattr(engine, "apply_split"):  # a branch that un-shares policies: split now if the load did not
         engine.apply_split()
     run_dir.truncate_from(start)
@@ -160,66 +117,21 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
         run_dir.append("alerts.jsonl", {"step": start, "kind": "checkpoint", "role": None, "policy": None,
                                         "value": None, "threshold": None, "action": "log",
                                         "message": f"damaged checkpoint skipped ({skipped}); resumed from step {start}"})
-    role_policies = {role.name: sorted({policy_map.policy_of(role.name, i) for i in range(role.instances)})
-                     for role in workflow.roles()}
-    role_contracts = contracts_of(workflow)
-    monitor = Monitor(cfg.monitors, role_policies, role_contracts, monitor_start(cfg), reference=paired_run(cfg.monitors))
-    written = run_dir.records("alerts.jsonl")
-    # steps before `waiting` (all before `start` when none waited) were judged live: alerts.jsonl holds them
-    replayed = monitor.replay(run_dir.records("metrics.jsonl"), written, start if waiting is None else waiting)
-    alert_counts: dict = {}
-    for record in written:
-        alert_counts[record["kind"]] = alert_counts.get(record["kind"], 0) + 1
+    role_contracts = recipe.role_contracts
+    monitor = Monitor(cfg.monitors, recipe.role_policies, role_contracts, monitor_start(cfg), reference=paired_run(cfg.monitors))
     sink = WandbSink(cfg, run_dir) if cfg.wandb.enabled and wandb_settings(cfg)["mode"] != "disabled" else None
+    desk = LiveAlerts(cfg, run_dir, role_contracts, sink, log)
+    # steps before `waiting` (all before `start` when none waited) were judged live: alerts.jsonl holds them
+    replayed = monitor.replay(run_dir.records("metrics.jsonl"), desk.written, start if waiting is None else waiting)
     run_dir.write_status("running", step=start, cell_id=cfg.cell_id, pid=os.getpid(), host=os.uname().nodename,
                          policies={p: [f"{r}:{i}" for r, i in policy_map.members(p)] for p in policy_map.policies},
                          contracts=role_contracts,
-                         model_dir=str(model_dir), warmup=warm_info(model_dir), reason=None, alerts=alert_counts)
-
-    def emit(alert, late: bool = False) -> None:
-        run_dir.append("alerts.jsonl", {**alert.record(), "late": True} if late else alert.record())
-        alert_counts[alert.kind] = alert_counts.get(alert.kind, 0) + 1
-        if alert.action != "log":
-            log(f"[alert] step {alert.step} {alert.kind}: {alert.message}")
-            if sink is not None:
-                sink.alert(alert)
-        run_dir.write_status("running", alerts=alert_counts, last_alert=alert.message)
-
-    mitigations = {}  # name -> the first step it trained under (action=mitigate)
-
-    def mitigate(alert_record: dict, from_step: int) -> None:
-        """Switch on an alert's mitigation in the live config; the engine and controller read it from
-        `from_step` on. Recorded in status.json; alerts.jsonl's record replays it on resume."""
-        from harness.mitigations import switch_on
-
-        for name in switch_on(cfg, alert_record.get("mitigation") or "none", role_contracts):
-            if name != "none" and name not in mitigations:
-                mitigations[name] = from_step
-                log(f"[mitigate] {name} from step {from_step} ({alert_record['kind']} at step {alert_record['step']})")
-        run_dir.write_status("running", mitigations=mitigations)
-
-    for record in written:  # replayed exactly: a mitigation switched on before the resume point
-        if record.get("action") == "mitigate" and int(record.get("step", 0)) < start:
-            mitigate(record, int(record["step"]) + 1)
-    late = held_back(replayed, written, waiting) if waiting is not None else []  # judged only now
-    for alert in late:
-        emit(alert, late=True)
-        if alert.action == "mitigate":
-            mitigate(alert.record(), start)
-    logged = {alert_key(record) for record in written} | {alert_key(alert.record()) for alert in late}
+                         model_dir=str(model_dir), warmup=warm_info(model_dir), reason=None, alerts=desk.counts)
+    late = desk.resume(replayed, start, waiting)
 
     def save(step: int, best_val: float, pin: bool = False) -> Path:
-        def write(directory: Path) -> None:
-            engine.save(directory)
-            controller.save(directory)
-            (directory / "trainer.yaml").write_text(OmegaConf.to_yaml(
-                {"step": step, "best_val": best_val, "waiting_for_paired_run": monitor.waiting_since()}))
-        return run_dir.save_checkpoint(step, write, keep=cfg.ckpt_keep, pin=pin)
-
-    def validation(seed_step: int, updates: int) -> dict:
-        """Validation of the policy after `updates` updates, seeded by `seed_step`; `val/updates` says
-        which policy it scored (a scheduled validation runs before its step's update)."""
-        return {**controller.validate(seed_step), "val/updates": float(updates)}
+        trainer = {"step": step, "best_val": best_val, "waiting_for_paired_run": monitor.waiting_since()}
+        return _save(run_dir, engine, controller, trainer, keep=cfg.ckpt_keep, pin=pin)
 
     bar = _progress(cfg, start)
     state, reason, step = "finished", stop_reason(late), start - 1
@@ -230,7 +142,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
                 break
             validated = {}
             if step % cfg.val_every == 0:  # before the step's update: step 0 scores the untrained policy
-                validated = validation(step, updates=step)
+                validated = _validation(controller, step, updates=step)
                 if validated["val/accuracy"] > best:  # the state just scored is the best: keep it
                     best = validated["val/accuracy"]
                     run_dir.save_best(save(step, best))
@@ -238,7 +150,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
             metrics = {"step": step, **result.metrics, **validated}
             final = step == cfg.steps - 1
             if final:  # the trained policy, after the last update (the step's record carries it)
-                metrics.update(validation(step + 1, updates=step + 1))
+                metrics.update(_validation(controller, step + 1, updates=step + 1))
             run_dir.append("metrics.jsonl", metrics)
             if cfg.samples_every and (step % cfg.samples_every == 0 or step == cfg.steps - 1):
                 for record in sample_records(step, result.episodes, n=2):
@@ -246,14 +158,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
             if sink is not None:
                 sink.log(metrics)
             alerts = monitor.observe(metrics)
-            for alert in alerts:
-                if alert.step >= start:
-                    emit(alert)
-                elif alert_key(alert.record()) not in logged:  # a step before the resume, still waiting then
-                    emit(alert, late=True)
-            for alert in alerts:
-                if alert.action == "mitigate":
-                    mitigate(alert.record(), step + 1)
+            desk.observe(alerts, start, step)
             reason = stop_reason(alerts)
             alerted = any(alert.action != "log" for alert in alerts)  # kept: a branch point (harness.intervene)
             improved = final and metrics["val/accuracy"] > best
@@ -284,7 +189,7 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
             engine.shutdown()
         lock.close()
     run_dir.write_status(state, step=step + 1 if state == "stopped_early" else cfg.steps, best_val=best,
-                         reason=reason, mitigations=mitigations, finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                         reason=reason, mitigations=desk.mitigations, finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
                          waiting_for_paired_run=monitor.waiting_since())  # judged later: monitors/settle.py
     if sink is not None:
         sink.finish(state)
@@ -292,6 +197,84 @@ def _run_cell(cfg: CellConfig, run_dir: RunDir, log) -> str:
         _write_report(run_dir, log)
     log(f"cell {cfg.cell_id} {state}{' (' + reason + ')' if reason else ''}: {run_dir.path}")
     return state
+
+
+def _already_ended(cfg: CellConfig, run_dir: RunDir, log) -> Optional[str]:
+    """The state of a run directory that holds this cell already ended (nothing to do), else None; a run
+    directory that holds another config is refused."""
+    status = run_dir.read_status()
+    if run_dir.file("cell.yaml").is_file():
+        stored = OmegaConf.to_container(OmegaConf.load(run_dir.file("cell.yaml")))
+        differing = _config_mismatch(stored, OmegaConf.to_container(OmegaConf.structured(cfg)))
+        if differing:
+            raise ConfigError(f"{run_dir.path} holds a run with a different config ({', '.join(differing)}); "
+                              f"choose another sweep= or cell_id=")
+    if status and (status.get("state") == "stopped_early"
+                   or (status.get("state") == "finished" and status.get("step", 0) >= cfg.steps)):
+        log(f"cell {cfg.cell_id} already {status['state']} at step {status['step']} ({run_dir.path}); nothing to do")
+        return status["state"]
+    return None
+
+
+def _resume_point(run_dir: RunDir, log):
+    """The newest intact checkpoint (or step 0); a damaged one is skipped with a warning, never trained on."""
+    from harness.checkpoints import CheckpointError
+
+    try:
+        resume = run_dir.resume_point()
+    except CheckpointError as exc:
+        raise ConfigError(str(exc)) from None
+    for skipped in resume.skipped:
+        log(f"warning: checkpoint {skipped}; falling back to "
+            f"{resume.checkpoint.name if resume.checkpoint else 'step 0'}")
+    return resume
+
+
+def _claim(cfg: CellConfig, run_dir: RunDir):
+    """The run directory, created and locked for this process (the lock is held while it trains), with the
+    cell's config written in it; a second process on the same cell is refused."""
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    lock = open(run_dir.file(".lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ConfigError(f"cell {cfg.cell_id} is already running ({run_dir.path}.lock held)") from None
+    run_dir.create()
+    write_atomic(run_dir.file("cell.yaml"), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    return lock
+
+
+def _restore(cfg: CellConfig, checkpoint: Optional[Path], engine, controller, log):
+    """(first step, best validation so far, the step the paired run was awaited from) after loading
+    `checkpoint` into the engine and controller; (0, -1, None) without one."""
+    if checkpoint is None:
+        return 0, -1.0, None
+    engine.load(checkpoint)
+    controller.load(checkpoint)
+    state = OmegaConf.to_container(OmegaConf.load(checkpoint / "trainer.yaml"))
+    start, best, waiting = int(state["step"]), float(state["best_val"]), None
+    if "waiting_for_paired_run" in state:
+        waiting = state["waiting_for_paired_run"]
+    else:
+        log(f"checkpoint {checkpoint.name} predates the record of steps left waiting for the paired run: "
+            f"steps before {start} that waited for it may stay unjudged (alerts.jsonl keeps what was judged live)")
+    log(f"resuming {cfg.cell_id} from step {start}")
+    return start, best, waiting
+
+
+def _save(run_dir: RunDir, engine, controller, trainer: dict, keep: int, pin: bool = False) -> Path:
+    """A checkpoint at `trainer['step']`: the engine's weights, the controller's state, the trainer's."""
+    def write(directory: Path) -> None:
+        engine.save(directory)
+        controller.save(directory)
+        (directory / "trainer.yaml").write_text(OmegaConf.to_yaml(trainer))
+    return run_dir.save_checkpoint(trainer["step"], write, keep=keep, pin=pin)
+
+
+def _validation(controller, seed_step: int, updates: int) -> dict:
+    """Validation of the policy after `updates` updates, seeded by `seed_step`; `val/updates` says which
+    policy it scored (a scheduled validation runs before its step's update)."""
+    return {**controller.validate(seed_step), "val/updates": float(updates)}
 
 
 def _write_report(run_dir: RunDir, log) -> None:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from omegaconf import OmegaConf
@@ -86,11 +86,12 @@ def role_demonstration(task: Task, prompts: dict, problem: Problem, rng: random.
     return prompts["synthesizer"].format(question=q, results="; ".join(results)), task.combine(problem, results)
 
 
-def graph_templates(cfg, task: Task) -> Dict[str, str]:
+def graph_templates(cfg, task: Task, workflow=None) -> Dict[str, str]:
     """The templates the cell's workflow graph brings (UnityMAS-O's workflows A-D), and those of the
     graphs the task always warms up (`task.warmup_workflows`: qa-synth's search roles), that the task can
     demonstrate (`task.demonstrate`), so the warm-up covers those roles' contracts too; {} for the
-    study topologies on arith and code-synth, whose warm-up is unchanged."""
+    study topologies on arith and code-synth, whose warm-up is unchanged. `workflow`: the cell's, when
+    already built (harness/recipe.py)."""
     from harness.workflows import build_workflow
 
     from harness.workflows.graph import GRAPH_DIR, load_graph
@@ -99,7 +100,7 @@ def graph_templates(cfg, task: Task) -> Dict[str, str]:
     templates: Dict[str, str] = {}
     for name in getattr(task, "warmup_workflows", ()):
         templates.update(load_graph(GRAPH_DIR / f"{name}.yaml").prompts)
-    templates.update(build_workflow(cfg, task).templates())
+    templates.update((workflow or build_workflow(cfg, task)).templates())
     if demonstrate is None or not templates:
         return {}
     prompts = cell_prompts(cfg.workflow, templates)
@@ -154,10 +155,12 @@ def greedy_accuracy(model, tokenizer, task: Task, prompt_template: str, problems
     return sum(task.grade(p, r).correct for p, r in zip(problems, replies)) / len(problems)
 
 
-def warm_up(cfg, size, task: Task, out_dir: Path, log: Callable[[str], None] = print) -> dict:
-    """Build tokenizer + tiny model, train on role demonstrations, save to out_dir."""
+def warm_up(cfg, size, task: Task, out_dir: Path, log: Callable[[str], None] = print,
+            graph: Optional[Dict[str, str]] = None) -> dict:
+    """Build tokenizer + tiny model, train on role demonstrations, save to out_dir (`graph`: graph_templates'
+    answer, when the caller has it)."""
     started = time.time()
-    graph = graph_templates(cfg, task)
+    graph = graph_templates(cfg, task) if graph is None else graph
     prompts = cell_prompts(cfg.workflow, graph)
     extra = sorted(graph)
     rng = random.Random(WARMUP_SEED)
@@ -202,7 +205,7 @@ def warmup_steps(cfg: CellConfig, size: TinySize, task) -> int:
     return cfg.model.warmup_steps or max(1, round(size.warmup_steps * getattr(task, "warmup_share", 1.0)))
 
 
-def warm_key(cfg: CellConfig, task) -> str:
+def warm_key(cfg: CellConfig, task, graph: Optional[Dict[str, str]] = None) -> str:
     """Everything that shapes the warm checkpoint; the cell's seed is not in it (paired seeds
     share one base model, as in the seed study)."""
     size = SCALES[cfg.scale]
@@ -210,7 +213,7 @@ def warm_key(cfg: CellConfig, task) -> str:
     shape = {k: v for k, v in asdict(size).items() if k != "warmup_steps"}  # steps is keyed on its own
     payload = {"size": shape, "steps": steps, "task": task.name, "task_cfg": _task_fingerprint(cfg),
                "prompts": resolve_prompts(dict(cfg.workflow.prompts)), "version": WARMUP_VERSION}
-    graph = graph_templates(cfg, task)
+    graph = graph_templates(cfg, task) if graph is None else graph
     if graph:  # a workflow graph's own roles are part of the warm-up (absent: the key is as before)
         payload["graph_prompts"] = graph
         payload["demonstrations"] = getattr(task, "DEMONSTRATIONS_VERSION", 1)  # bumped when `demonstrate` changes
@@ -240,8 +243,9 @@ def _task_fingerprint(cfg: CellConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(node)) if node is not None else {}
 
 
-def prepare_model(cfg: CellConfig, task, log=print) -> Path:
-    """The directory to load the cell's base model and tokenizer from (built and warmed if tiny)."""
+def prepare_model(cfg: CellConfig, task, log=print, workflow=None) -> Path:
+    """The directory to load the cell's base model and tokenizer from (built and warmed if tiny);
+    `workflow`: the cell's, when already built (harness/recipe.py)."""
     path = resolve_model_path(cfg)
     if path is not None:
         return path
@@ -250,7 +254,8 @@ def prepare_model(cfg: CellConfig, task, log=print) -> Path:
         key, build = random_key(size), lambda out: build_random(size, out)
         what = "building a random Qwen3 over Qwen3's tokenizer"
     else:
-        key, build = warm_key(cfg, task), lambda out: warm_up(cfg, size, task, out, log=log)
+        graph = graph_templates(cfg, task, workflow)
+        key, build = warm_key(cfg, task, graph), lambda out: warm_up(cfg, size, task, out, log=log, graph=graph)
         what = f"warming up {cfg.scale} on task {task.name}"
     target = cache_root(cfg) / f"{cfg.scale}-{key}"
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -199,7 +199,11 @@ def collect_interventions(study: Study, root: Path) -> List[dict]:
     runs = study.data.get("runs") or {}
     rows = _arm_rows(study, root)
     if "base" in runs:
-        rows += [{"split": "base", **row} for row in base_rows(root / runs["base"])]
+        base = base_rows(root / runs["base"])
+        stray = sorted({int(r["seed"]) for r in base} - set(study.seeds("held_out")))
+        if stray:
+            raise StudyError(f"study {study.name}: {root / runs['base']} holds cells of seeds {stray[:5]} its seeds do not list")
+        rows += [{"split": "base", **row} for row in base]
     if not rows:
         raise StudyError(f"study {study.name}: no ended arms or cells under {root}")
     return rows

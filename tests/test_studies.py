@@ -53,3 +53,25 @@ def test_a_study_that_names_its_folder_wrongly_is_refused(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "analysis.studies", "collect", "nosuch"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: unknown study 'nosuch'; valid: ")
+
+
+def test_a_base_cell_of_a_seed_the_study_does_not_list_is_refused(tmp_path):
+    """A killed launcher can leave cells of seeds a study dropped beside its own: collecting them would
+    score seeds the preregistration never named."""
+    from omegaconf import OmegaConf
+
+    from analysis.studies import collect
+    from harness.config import CellConfig
+
+    (tmp_path / "studies" / "s").mkdir(parents=True)
+    (tmp_path / "studies" / "s" / "study.yaml").write_text(
+        "name: s\nkind: interventions\nheld_out: {seeds: '1-2'}\nruns: {base: sw, arms: sw-interventions}\n")
+    cell = OmegaConf.structured(CellConfig)
+    cell.topology, cell.seed, cell.extra = "voting", 5, {"action": "alert"}
+    run = tmp_path / "runs" / "sw" / "voting-ip-arith-tiny-m-s5-action=alert"
+    run.mkdir(parents=True)
+    (run / "cell.yaml").write_text(OmegaConf.to_yaml(cell))
+    (run / "metrics.jsonl").write_text("")
+    (tmp_path / "runs" / "sw-interventions").mkdir()
+    with pytest.raises(StudyError, match=r"holds cells of seeds \[5\] its seeds do not list"):
+        collect("s", tmp_path / "runs", root=tmp_path / "studies")

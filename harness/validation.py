@@ -17,6 +17,7 @@ import re
 from dataclasses import is_dataclass
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Dict, Optional, Sequence, Union, get_args, get_origin, get_type_hints
 
 from omegaconf import OmegaConf
@@ -32,7 +33,7 @@ from harness.sharing import PolicyMap
 from harness.tasks import CODE_TASKS, NEEDS_PATH, QA_TASKS, TASKS, WARMUP_TASKS
 from harness.tasks.jail import JailUnavailable, find_jail
 from harness.tasks.qa_synth import SEARCH_WORKFLOWS
-from harness.workflows import WORKFLOWS, build_workflow
+from harness.workflows import build_workflow
 from harness.workflows.graph import is_graph_topology
 from harness.workflows.prompts import apply_prompt_set
 
@@ -514,7 +515,7 @@ def validate(cfg: CellConfig) -> None:
     _check_prompt_names(cfg, workflow)
     _check_role_settings(cfg, workflow)
     # per-role settings may name roles of other topologies (one sweep, many topologies), not typos
-    known = sorted({r.name for w in WORKFLOWS.values() for r in w(None, cfg.workflow).roles()}
+    known = sorted({r.name for t in TOPOLOGIES for r in build_workflow(SimpleNamespace(topology=t, workflow=cfg.workflow)).roles()}
                    | {r.name for r in workflow.roles()})
     for where, roles in (("workflow.role_max_new_tokens", cfg.workflow.role_max_new_tokens),
                          ("reward.per_role", cfg.reward.per_role)):

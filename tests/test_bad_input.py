@@ -29,7 +29,7 @@ CASES = [
     (["monitors.collapse.trend_window=-1"], "monitors.collapse.trend_window must be >= 0"),
     (["monitors.collapse.trend_patience=0"], "monitors.collapse.trend_patience >= 1"),
     (["workflow.role_max_new_tokens.agregator=24"], "unknown role(s) agregator; valid roles: aggregator"),
-    (["workflow.prompts.judge=x"], "valid keys of workflow.prompts: solver, generator"),
+    (["workflow.prompts.judge=x"], "has no prompt template 'judge'; its templates: aggregator, voter"),
     (["engine=megatron"], "unknown engine 'megatron'; valid choices: local, verl"),
     (["engine=verl", "verl.placement=spread"], "valid choices: colocate, split"),
     (["local.device=tpu"], "(local.device) 'tpu'; valid choices: auto, cpu, cuda"),

@@ -36,20 +36,31 @@ def _trace(episode):
          t.role_correct, t.stats, t.index) for t in episode.turns])
 
 
-@pytest.mark.parametrize("topology,overrides", [
-    ("single", ("sharing=sp",)), ("eval_opt", ("sharing=ip",)), ("voting", ("sharing=ip",)),
-    ("orch_workers", ("sharing=sp",)), ("voting", ("sharing=ip_instance", "workflow.n_votes=4")),
-    ("eval_opt", ("scale=qwen3-tok", "workflow.max_new_tokens=12", "workflow.max_iterations=3")),
-    ("orch_workers", ("scale=qwen3-tok", "workflow.max_new_tokens=12")),
+@pytest.mark.parametrize("overrides", [
+    ("sharing=ip",), ("scale=qwen3-tok", "workflow.max_new_tokens=12", "workflow.max_iterations=3"),
 ])
-def test_study_topologies_as_graphs_give_the_same_episodes(tmp_path, warm_model_dir, topology, overrides):
-    """Same turns (roles, instances, policies, prompts, tokens, verdicts), same batched generate
-    calls, same final answers and grades, same seed."""
-    program, program_calls = _rollout(tmp_path / "program", topology, *overrides)
-    graph, graph_calls = _rollout(tmp_path / "graph", f"graph:{topology}", *overrides)
+def test_the_shipped_program_and_its_graph_give_the_same_episodes(tmp_path, warm_model_dir, overrides):
+    """The Python extension point (program_example.py) and topology=eval_opt's graph: same turns (roles,
+    instances, policies, prompts, tokens, verdicts), same batched generate calls, same answers and grades."""
+    program, program_calls = _rollout(tmp_path / "program", "harness.workflows.program_example:EvalOptProgram",
+                                      *overrides)
+    graph, graph_calls = _rollout(tmp_path / "graph", "eval_opt", *overrides)
     assert program_calls == graph_calls and len(program) == len(graph) == 24
     assert [_trace(e) for e in program] == [_trace(e) for e in graph]
-    assert sum(len(e.turns) for e in program) >= (24 if topology == "single" else 48)  # every role acted
+    assert sum(len(e.turns) for e in program) >= 48  # every role acted
+
+
+def test_the_study_topologies_exist_once_as_graphs():
+    from types import SimpleNamespace
+
+    from harness.config import TOPOLOGIES, WorkflowConfig
+    from harness.workflows.graph import GRAPH_DIR, GraphWorkflow
+
+    for topology in TOPOLOGIES:
+        workflow = build_workflow(SimpleNamespace(topology=topology, workflow=WorkflowConfig()))
+        assert isinstance(workflow, GraphWorkflow) and (GRAPH_DIR / f"{topology}.yaml").is_file()
+    programs = {p.stem for p in (REPO / "harness" / "workflows").glob("*.py")}
+    assert not programs & set(TOPOLOGIES)  # no second, Python form of a study topology
 
 
 MY_FLOW = """\
@@ -160,8 +171,8 @@ def test_an_import_path_names_a_graph_or_a_workflow_class(tmp_path, warm_model_d
     cfg = cell(tmp_path, "topology=tests.graph_tools:TWO_VOTERS", "sharing=ip")
     assert cfg.cell_id == "TWO_VOTERS-ip-arith-tiny-m-s0"
     assert [(r.name, r.instances) for r in build_workflow(cfg).roles()] == [("voter", 2), ("aggregator", 1)]
-    own = cell(tmp_path, "topology=harness.workflows.voting:Voting", "sharing=ip")
-    assert [r.name for r in build_workflow(own).roles()] == ["voter", "aggregator"]
+    own = cell(tmp_path, "topology=harness.workflows.program_example:EvalOptProgram", "sharing=ip")
+    assert [r.name for r in build_workflow(own).roles()] == ["generator", "evaluator"]
     for bad, message in (("tests.graph_tools:majority", "neither a graph dict nor a Workflow class"),
                          ("tests.nowhere:X", "^topology 'tests.nowhere:X' cannot be loaded: No module named 'tests.nowhere'"),
                          ("tests.graph_tools:", "^topology must read 'package.module:function'")):

@@ -1,12 +1,15 @@
-"""Evaluator-optimizer: the generator drafts, the evaluator says ACCEPT or REVISE with feedback,
-the generator revises; at most `max_iterations` drafts, each judged once."""
+"""A workflow written as a Python program: the extension point for what a graph (graphs/*.yaml) cannot
+express. This one is the evaluator-optimizer, `topology=eval_opt`'s graph written out (the generator
+drafts, the evaluator says ACCEPT or REVISE with feedback, the generator revises; at most
+`max_iterations` drafts, each judged once); a test keeps their episodes equal. Run it with
+`topology=harness.workflows.program_example:EvalOptProgram`."""
 from __future__ import annotations
 
 from harness.workflows.base import Agents, Episode, RoleSpec, Workflow
 from harness.workflows.contracts import ACCEPT
 
 
-class EvalOpt(Workflow):
+class EvalOptProgram(Workflow):
     name = "eval_opt"
 
     def roles(self):

@@ -1,7 +1,8 @@
 """Evaluate saved checkpoints as the study does: pass@k of the cell's workflow per checkpoint.
 
     python -m analysis.evaluate <run dir or sweep> --mode trained|base|single_agent_transfer --k 4
-        [--samples N] [--problems P] [--task aime --data-path aime.jsonl] [--temperature T]
+        [--samples N] [--problems P] [--split validation|held_out] [--resume]
+        [--task aime --data-path aime.jsonl] [--temperature T]
 
 Modes (the SP/IP study's `evaluate_checkpoints`):
 - `trained`: every verified step checkpoint of the run (and `best/`), in the run's own workflow;
@@ -9,9 +10,13 @@ Modes (the SP/IP study's `evaluate_checkpoints`):
 - `single_agent_transfer`: the paired single-agent run's trained policy on every role of the
   multi-agent workflow, per checkpoint of that run (does multi-agent training beat putting a
   single-agent-trained model into the same workflow?).
+Splits: `validation`, what the run validated on (AIME 2025 for full_matrix's math: `data.val_path`);
+`held_out`, the training set's own held-out part (DAPO-Math's 10% at split seed 42), on which the study
+reports its math numbers. Each episode runs at the run's own budgets (training lengths).
 Each problem gets N sampled episodes (N >= k, at the run's temperature unless given); pass@k is
 the unbiased estimator 1 - C(n-c, k)/C(n, k) averaged over problems. Rows go to
-`<run>/eval_results.jsonl` (a re-run replaces the rows of the same mode, checkpoint, task and k);
+`<run>/eval_results.jsonl` (a re-run replaces the rows of the same mode, checkpoint, task, split and k;
+`--resume` keeps them and evaluates only the checkpoints that have none, e.g. after a killed job);
 a checkpoint whose files do not match its manifest is recorded as damaged and never evaluated.
 The sweep report shows the table.
 """
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 MODES = ("trained", "base", "single_agent_transfer")
+SPLITS = ("validation", "held_out")
 RESULTS = "eval_results.jsonl"
 
 
@@ -110,22 +116,37 @@ def base_model_dir(run: Path) -> Path:
     return prepare_model(cfg, build_task(cfg), log=lambda *_: None)
 
 
+def evaluation_problems(cfg, split: str = "validation", task_name: Optional[str] = None,
+                        data_path: Optional[str] = None):
+    """(the task, the problems to score): another task's every problem (`task_name`), else the run's
+    validation problems or, for `held_out`, its training set's own held-out part (without the
+    validation file the run used instead of it)."""
+    from harness.tasks import build_task
+
+    if split not in SPLITS:
+        raise ValueError(f"unknown split '{split}'; valid choices: {', '.join(SPLITS)}")
+    if task_name:
+        cfg.task, cfg.data.path = task_name, data_path
+    elif split == "held_out":
+        cfg.data.val_path = None
+    task = build_task(cfg)
+    return task, (task.problems("train") + task.problems("val")) if task_name else task.problems("val")
+
+
 def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task_name: Optional[str] = None,
-                 data_path: Optional[str] = None, temperature: Optional[float] = None, log=print) -> List[dict]:
-    """Evaluate one run directory in `mode`; returns the rows written to its eval_results.jsonl."""
+                 data_path: Optional[str] = None, temperature: Optional[float] = None, log=print,
+                 split: str = "validation", resume: bool = False) -> List[dict]:
+    """Evaluate one run directory in `mode`; returns the rows written to its eval_results.jsonl (with
+    `resume`, only those of checkpoints it had no row for)."""
     from harness.config import stored_cell_config
     from harness.sharing import PolicyMap
-    from harness.tasks import build_task
     from harness.workflows import build_workflow
 
     cfg = stored_cell_config(run)
     model_dir = base_model_dir(run)
     if temperature is not None:
         cfg.algo.temperature = temperature
-    if task_name:
-        cfg.task, cfg.data.path = task_name, data_path
-    task = build_task(cfg)
-    eval_set = (task.problems("train") + task.problems("val")) if task_name else task.problems("val")
+    task, eval_set = evaluation_problems(cfg, split, task_name, data_path)
     eval_set = eval_set[:problems]
     roles = build_workflow(cfg, task).role_instances()
     source, sources = run, []
@@ -142,12 +163,19 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task
         policy_map = PolicyMap.from_config(cfg, roles)
         policies, policy_of = policy_map.policies, policy_map.policy_of
     sources = [("base", None, None)] if mode == "base" else checkpoints_of(source)
+    if resume:  # a checkpoint already scored the same way keeps its row
+        same = (mode, cfg.task, split, k, samples, len(eval_set))
+        done = {r["checkpoint"] for r in _stored(run) if r.get("status") == "ok" and (
+            r.get("mode"), r.get("task"), r.get("split", "validation"), r.get("k"), r.get("samples"),
+            r.get("problems")) == same}
+        sources = [s for s in sources if s[0] not in done]
     rows = []
     with tempfile.TemporaryDirectory(prefix="marl-eval-") as work:
         evaluator = Evaluator(cfg, task, model_dir, policies, policy_of, Path(work))
         try:
             for name, directory, problem in sources:
-                row = {"mode": mode, "checkpoint": name, "source_run": source.name, "task": cfg.task, "k": k,
+                row = {"mode": mode, "checkpoint": name, "source_run": source.name, "task": cfg.task,
+                       "split": split, "k": k,
                        "samples": samples, "problems": len(eval_set), "temperature": cfg.algo.temperature}
                 if directory is not None:
                     row["step"] = _trained_steps(directory)
@@ -176,15 +204,24 @@ def _trained_steps(directory: Path) -> Optional[int]:
     return int(OmegaConf.load(trainer)["step"])
 
 
-def write_results(run: Path, rows: List[dict]) -> None:
-    """Keep the rows of other (mode, checkpoint, task, k) and replace these, atomically."""
-    from harness.run_dir import read_jsonl, write_atomic
+def _key(row: dict) -> tuple:
+    """What a result row is of: a row of the same key replaces it (rows before splits were validation)."""
+    return row.get("mode"), row.get("checkpoint"), row.get("task"), row.get("split", "validation"), row.get("k")
 
-    key = lambda r: (r.get("mode"), r.get("checkpoint"), r.get("task"), r.get("k"))  # noqa: E731
-    new = {key(r) for r in rows}
-    path = run / RESULTS
-    kept = [r for r in (read_jsonl(path) if path.is_file() else []) if key(r) not in new]
-    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept + rows))
+
+def _stored(run: Path) -> List[dict]:
+    from harness.run_dir import read_jsonl
+
+    return read_jsonl(run / RESULTS) if (run / RESULTS).is_file() else []
+
+
+def write_results(run: Path, rows: List[dict]) -> None:
+    """Keep the rows of other (mode, checkpoint, task, split, k) and replace these, atomically."""
+    from harness.run_dir import write_atomic
+
+    new = {_key(r) for r in rows}
+    kept = [r for r in _stored(run) if _key(r) not in new]
+    write_atomic(run / RESULTS, "".join(json.dumps(r) + "\n" for r in kept + rows))
 
 
 def load_results(sweep: Path):
@@ -209,6 +246,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--task", default=None, help="evaluate on another task (e.g. aime, math500) ...")
     parser.add_argument("--data-path", default=None, help="... read from this file (all its problems)")
     parser.add_argument("--temperature", type=float, default=None, help="default: the run's algo.temperature")
+    parser.add_argument("--split", default="validation", help=f"one of {', '.join(SPLITS)} (held_out: the training "
+                        "set's own held-out part, where the study scores math)")
+    parser.add_argument("--resume", action="store_true", help="keep the rows written and evaluate only the "
+                        "checkpoints without one")
     args = parser.parse_args(argv)
     samples = args.samples or args.k
     problem = _argument_problem(args, samples)
@@ -223,7 +264,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:
         for run in runs:
-            evaluate_run(run, args.mode, args.k, samples, args.problems, args.task, args.data_path, args.temperature)
+            evaluate_run(run, args.mode, args.k, samples, args.problems, args.task, args.data_path, args.temperature,
+                         split=args.split, resume=args.resume)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -235,6 +277,8 @@ def _argument_problem(args, samples: int) -> Optional[str]:
 
     if args.mode not in MODES:
         return f"unknown mode '{args.mode}'; valid choices: {', '.join(MODES)}"
+    if args.split not in SPLITS:
+        return f"unknown split '{args.split}'; valid choices: {', '.join(SPLITS)}"
     if args.k < 1 or samples < args.k:
         return f"--k must be >= 1 and --samples >= k (got k={args.k}, samples={samples})"
     if args.problems < 1:

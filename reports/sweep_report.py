@@ -166,17 +166,20 @@ def leading_indicators(sweep: Path):
 
 
 def evaluation_table(sweep: Path):
-    """The runs' eval_results.jsonl rows (analysis/evaluate.py), one per cell, mode, checkpoint and
-    task; None when no run was evaluated."""
+    """The runs' eval_results.jsonl rows (analysis/evaluate.py), one per cell, mode, checkpoint, task and
+    split; None when no run was evaluated."""
     from analysis.evaluate import load_results
 
     rows = load_results(sweep)
     if rows.empty:
         return None
     scores = sorted((c for c in rows.columns if c.startswith("pass@")), key=lambda c: int(c.split("@")[1]))
-    columns = [c for c in ["cell_id", "mode", "checkpoint", "step", "task", "problems", "samples", *scores, "status"]
-               if c in rows.columns]
-    return rows[columns].sort_values(["cell_id", "mode", "task"], kind="stable").reset_index(drop=True)
+    if "split" in rows.columns:  # rows written before splits were named scored the validation problems
+        rows["split"] = rows["split"].fillna("validation")
+    columns = [c for c in ["cell_id", "mode", "checkpoint", "step", "task", "split", "problems", "samples", *scores,
+                           "status"] if c in rows.columns]
+    return rows[columns].sort_values([c for c in ("cell_id", "mode", "task", "split") if c in rows.columns],
+                                     kind="stable").reset_index(drop=True)
 
 
 def is_sweep(path: Path) -> bool:

@@ -108,3 +108,42 @@ def test_a_run_logged_before_the_paired_run_was_one_monitors_setting_still_loads
     stored["monitors"]["collapse"]["reference_run"] = "/runs/repro/single-math-tiny-m-s0"
     (tmp_path / "cell.yaml").write_text(OmegaConf.to_yaml(stored))
     assert stored_cell_config(tmp_path).monitors.reference_run == "/runs/repro/single-math-tiny-m-s0"
+
+
+def test_a_resumed_evaluation_scores_only_the_checkpoints_without_a_row(sweep):
+    """A killed evaluation job is run again with --resume: what was written stays, the rest is scored."""
+    single = sweep / "single-arith-tiny-m-s0"
+    first = evaluate_run(single, "trained", k=1, samples=2, problems=4, log=lambda *_: None, split="held_out")
+    assert [r["checkpoint"] for r in first] == ["step_0000002", "step_0000004", "best"]
+    assert evaluate_run(single, "trained", k=1, samples=2, problems=4, log=lambda *_: None, split="held_out",
+                        resume=True) == []
+    kept = [r for r in read_jsonl(single / "eval_results.jsonl") if r["checkpoint"] != "step_0000004"
+            or r.get("split") != "held_out"]
+    (single / "eval_results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))  # as if killed
+    again = evaluate_run(single, "trained", k=1, samples=2, problems=4, log=lambda *_: None, split="held_out",
+                         resume=True)
+    assert [r["checkpoint"] for r in again] == ["step_0000004"]
+    assert again[0]["pass@1"] == next(r for r in first if r["checkpoint"] == "step_0000004")["pass@1"]
+    held = [r for r in read_jsonl(single / "eval_results.jsonl") if r.get("split") == "held_out"]
+    assert sorted(r["checkpoint"] for r in held) == ["best", "step_0000002", "step_0000004"]
+
+
+def test_the_held_out_split_is_the_training_sets_own_not_the_validation_file(tmp_path):
+    """full_matrix's math validates on AIME (data.val_path) while the study scores DAPO-Math's own held-out
+    10%: --split held_out gives that part, --split validation the file."""
+    from analysis.evaluate import evaluation_problems
+    from tests.conftest import SHARED
+
+    gsm8k = SHARED / "data" / "gsm8k" / "test.jsonl"
+    lines = gsm8k.read_text().splitlines()
+    val_file = tmp_path / "val.jsonl"
+    val_file.write_text("\n".join(lines[:7]) + "\n")
+    args = ("scale=qwen3-tok", "task=gsm8k", f"data.path={gsm8k}", "data.split=hf", "data.test_size=0.1",
+            "data.split_seed=42", f"data.val_path={val_file}")
+    _, validation = evaluation_problems(cell(tmp_path, *args), "validation")
+    task, held_out = evaluation_problems(cell(tmp_path, *args), "held_out")
+    assert len(validation) == 7 and len(held_out) == -(-len(lines) // 10)  # ceil(10%), as datasets' split
+    assert not {p.question for p in held_out} & {p.question for p in task.problems("train")}  # never trained on
+    assert {p.question for p in held_out} != {p.question for p in validation}
+    with pytest.raises(ValueError, match="valid choices: validation, held_out"):
+        evaluation_problems(cell(tmp_path, *args), "test")

@@ -234,7 +234,25 @@ def render_interventions(study: Study, rows: List[dict]) -> Dict[str, str]:
         "actions": to_markdown(pd.DataFrame(actions)) if actions else "(no action axis)",
         "hypotheses": _hypothesis_lines(study, verdicts),
     }
+    parents = {(r["parent"], r["start"]) for r in arms}
+    blocks["headline"] = (
+        f"on held-out seeds {seed_ranges(study.seeds('held_out'))} ({len(parents)} alert cells branched, "
+        f"{len(arms)} arms run), " + "; ".join(
+            f"{h['id']} ({' vs '.join(h.get('compare', []))}, {h.get('measure', 'failures')}): "
+            + _verdict_word(verdicts.get((tuple(h.get("compare", [])), h.get("measure", "failures"))))
+            for h in study.data.get("hypotheses", []))
+        + f" ([all tables](studies/{study.name}/results.md)).")
     return blocks
+
+
+def _verdict_word(verdict: Optional[str]) -> str:
+    """The worded result of a hypothesis's test ('shown (p = 0.012)'), from its comparison row's text."""
+    import re
+
+    if verdict is None:
+        return "not testable (no pairs)"
+    found = re.search(r"(the opposite shown|not shown|shown|not testable)[^(]*(\(p = [0-9.]+\))?", verdict)
+    return f"{found.group(1)} {found.group(2) or ''}".strip() if found else verdict
 
 
 def collect_diagnosis(study: Study, root: Path) -> List[dict]:

@@ -161,6 +161,7 @@ def test_cells_resolve_the_prompt_set_by_scale(tmp_path):
     assert mine.workflow.prompts["aggregator"] == QWEN3_MATH["aggregator"]
 
 
+@pytest.mark.timeout(900)  # four verl cells, each its own Ray, on two cores
 @pytest.mark.parametrize("engine", ["local", "verl"])
 def test_every_topology_trains_3_steps_on_qwen3_tok(tmp_path, engine):
     """The four topologies run side by side (on engine=verl each cell mostly waits on its own Ray)."""

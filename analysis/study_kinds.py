@@ -234,7 +234,7 @@ def render_interventions(study: Study, rows: List[dict]) -> Dict[str, str]:
         "actions": to_markdown(pd.DataFrame(actions)) if actions else "(no action axis)",
         "hypotheses": _hypothesis_lines(study, verdicts),
     }
-    parents = {(r["parent"], r["start"]) for r in arms}
+    parents = {r["parent"] for r in arms}  # a cell's sham arm branches at another step: still one cell
     blocks["headline"] = (
         f"on held-out seeds {seed_ranges(study.seeds('held_out'))} ({len(parents)} alert cells branched, "
         f"{len(arms)} arms run), " + "; ".join(

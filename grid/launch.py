@@ -62,7 +62,7 @@ class DiagnoseOptions:
     mechanisms: Any = None  # every registered one that applies; a list; or sharing -> list
     resamples: int = 6
     margin: int = 20
-    limit: Optional[int] = None  # failed cells per sharing mode, in seed order
+    limit: Optional[int] = None  # failed cells per setting (every axis but the seed), in seed order
 
 
 @dataclass
@@ -355,10 +355,17 @@ def diagnosis_mechanisms(cfg: DictConfig, sharing: str) -> Optional[List[str]]:
     return [str(m) for m in chosen]
 
 
+def setting_of(cell) -> tuple:
+    """A cell's setting: every axis value but the seed (diagnose.limit counts failed cells per setting,
+    so each planted cause, not only each sharing mode, gets its share of a budget)."""
+    return tuple(sorted((axis, str(value)) for axis, value in cell.axes.items() if axis != "seed"))
+
+
 def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int:
     """Branch every failed multi-agent cell of the sweep before its failure (harness.diagnose) and
     launch the arms as the cells of `<sweep>-diagnosis`; then each run's verdict (diagnosis.json).
-    diagnose.limit: at most that many failed cells per sharing mode, in seed order (a study's budget).
+    diagnose.limit: at most that many failed cells per setting (every axis but the seed: a sharing mode,
+    a planted cause), in seed order (a study's budget).
     With dry_run=true: the plan and its cost, nothing written."""
     from omegaconf import OmegaConf
 
@@ -385,7 +392,8 @@ def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int
             out(f"skip {cell.cell_id}: {state or 'not run'}, not ended")
             continue
         sharing = str(cell.axes.get("sharing"))
-        if cfg.diagnose.limit is not None and taken.get(sharing, 0) >= int(cfg.diagnose.limit):
+        setting = setting_of(cell)
+        if cfg.diagnose.limit is not None and taken.get(setting, 0) >= int(cfg.diagnose.limit):
             continue
         try:
             arms = plan(run, [str(p) for p in cfg.diagnose.at], diagnosis_mechanisms(cfg, sharing),
@@ -396,7 +404,7 @@ def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int
         if arms[0].failure is None:  # an alert but no failure: nothing a diagnosis can explain
             out(f"skip {cell.cell_id}: no failure label")
             continue
-        taken[sharing] = taken.get(sharing, 0) + 1
+        taken[setting] = taken.get(setting, 0) + 1
         planned.append((cell, run, arms))
         out(f"{cell.cell_id}: {describe(arms)}".replace("\n", "\n  "))
     if not planned:

@@ -137,7 +137,7 @@ def test_the_planted_sweep_reads_as_a_confusion_matrix(tmp_path):
 
     from analysis.diagnosis import confusion, confusion_summary, mechanism_table, sweep_diagnoses
     from grid.expand import expand
-    from grid.launch import compose
+    from grid.launch import compose, setting_of
 
     def run(name, planted, verdicts):
         d = tmp_path / "diagnose_planted" / name
@@ -164,7 +164,12 @@ def test_the_planted_sweep_reads_as_a_confusion_matrix(tmp_path):
                                               "1 of 2 with the cause outside the registry were given a mechanism")
     assert mechanism_table(rows)["generic"].tolist() == [2]
     cfg = compose(["sweep=diagnose_planted"])
-    planted = {(c.axes["sharing"], c.overrides["extra"]["planted"]) for c in expand(cfg.sweep, cfg.cluster, "runs")
-               if not c.is_baseline}
+    cells = [c for c in expand(cfg.sweep, cfg.cluster, "runs") if not c.is_baseline]
+    planted = {(c.axes["sharing"], c.overrides["extra"]["planted"]) for c in cells}
     assert planted == {("ip", "amplification"), ("ip", "length_drift"), ("ip", "outside"),
                        ("sp", "capture"), ("sp", "outside")}
+    # diagnose.limit counts per setting: the seeds of one planted cause share one, each cause has its own
+    settings = {}
+    for cell in cells:
+        settings.setdefault(setting_of(cell), set()).add(cell.axes["seed"])
+    assert len(settings) == 5 and all(seeds == {700, 701, 702} for seeds in settings.values())

@@ -178,7 +178,8 @@ def replay_setup(run: Path) -> ReplayContext:
     single-agent run of the same sweep directory as `monitors.reference_run` (the one the run
     recorded, looked up by name beside it, since a sweep directory may have moved; else the grid's
     id for it), the role maps from status.json, and the start bound from the cell's validations."""
-    from harness.config import MonitorConfig, upgrade_stored
+    from harness.config import MonitorConfig
+    from harness.run_dir import upgrade_stored
     from harness.monitors.settle import role_contracts_of, role_policies_of
 
     from grid.expand import cell_id

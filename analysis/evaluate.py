@@ -104,7 +104,7 @@ class _Routing:
 
 def base_model_dir(run: Path) -> Path:
     """The base model a run trained from (status.json), else the one its config prepares."""
-    from harness.config import stored_cell_config
+    from harness.run_dir import stored_cell_config
     from harness.tasks import build_task
     from harness.warmup import prepare_model
 
@@ -138,7 +138,7 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task
                  split: str = "validation", resume: bool = False) -> List[dict]:
     """Evaluate one run directory in `mode`; returns the rows written to its eval_results.jsonl (with
     `resume`, only those of checkpoints it had no row for)."""
-    from harness.config import stored_cell_config
+    from harness.run_dir import stored_cell_config
     from harness.sharing import PolicyMap
     from harness.workflows import build_workflow
 

@@ -260,7 +260,7 @@ def settle_alerts(sweep_dir: Path, out) -> None:
     """Once no cell is in flight, judge the steps that waited for a paired run still behind when
     their cell ended (harness/monitors/settle.py), and redraw those runs' reports."""
     try:
-        from harness.config import stored_cell_config
+        from harness.run_dir import stored_cell_config
         from harness.monitors.settle import settle_sweep
 
         written = settle_sweep(sweep_dir, warn=out)

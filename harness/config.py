@@ -3,14 +3,16 @@
 Every knob is a field here, so every knob is overridable from the command line
 (`python -m harness.run algo.lr=5e-4 workflow.n_votes=5`). Plain data: this module imports
 nothing else of the harness, and Hydra and OmegaConf only where a config is registered or loaded
-(the local engine imports it on machines without them), so every module may import it; checking a
-config against the models, tasks and workflows it names is `harness/validation.py`'s job.
+(the local engine imports it on machines without them), so every module may import it. Each field
+declares its choices or range beside it (`choice`, `ranged`; `check_fields` checks them all); the
+rules between sections and against the models, tasks and workflows are `harness/validation.py`'s.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, List, Optional
+import math
+from importlib import import_module
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 TOPOLOGIES = ("single", "eval_opt", "voting", "orch_workers")
 # UnityMAS-O's workflows A-D, shipped as graphs (harness/workflows/graphs/<name>.yaml)
@@ -35,10 +37,61 @@ OUTCOME_SHARE_MODES = ("auto", "full", "last", "split")
 OUTCOME_METRICS = ("auto", "exact", "f1")
 ADV_ESTIMATORS = ("grpo", "gae")
 ADV_WHITENINGS = ("policy", "cell")
+MODEL_TRAINING = ("lora", "full")
+
+
+def _registry(module: str, name: str, order: Callable = list) -> Callable[[], List[str]]:
+    """The names another module registers, read when a config is checked (this module imports none)."""
+    return lambda: order(getattr(import_module(module), name))
 
 
 class ConfigError(ValueError):
     """A user-facing configuration mistake; its message names the valid choices."""
+
+
+# A field's valid numbers, declared beside it (ranged) and checked by check_fields: name -> (test, wording)
+RANGES: Dict[str, tuple] = {
+    ">0": (lambda v: v > 0, "> 0"), ">=0": (lambda v: v >= 0, ">= 0"),
+    ">=1": (lambda v: v >= 1, ">= 1"), ">=2": (lambda v: v >= 2, ">= 2"), ">1": (lambda v: v > 1, "> 1 or null"),
+    "[0,1]": (lambda v: 0 <= v <= 1, "in [0, 1]"), "(0,1]": (lambda v: 0 < v <= 1, "in (0, 1]"),
+}
+
+
+def choice(default: Optional[str], options: Union[Sequence[str], Callable[[], Sequence[str]]], what: str) -> Any:
+    """A field that takes one of `options` (a callable where another module's registry lists them,
+    read when checked); check_fields rejects anything else in one message that names them."""
+    return field(default=default, metadata={"choices": options, "what": what})
+
+
+def ranged(default: Any, rule: str) -> Any:
+    """A number field with its valid range, one of RANGES; None passes where the field is optional."""
+    return field(default=default, metadata={"range": rule})
+
+
+def check_fields(section: Any, where: str = "") -> None:
+    """Every choice and range declared on a config's fields, recursively through its sections (and
+    `models:`'s instances): the first field outside its choices or range is one ConfigError."""
+    for spec in fields(section):
+        key, value = f"{where}{spec.name}", getattr(section, spec.name)
+        if is_dataclass(value):
+            check_fields(value, f"{key}.")
+        elif isinstance(value, dict) and value and all(is_dataclass(v) for v in value.values()):
+            for name, item in value.items():
+                check_fields(item, f"{key}.{name}.")
+        if value is None:
+            continue
+        options = spec.metadata.get("choices")
+        if options is not None:
+            options = list(options() if callable(options) else options)
+            if value not in options:
+                what = spec.metadata["what"] + (f" ({key})" if "." in key else "")
+                raise ConfigError(f"unknown {what} '{value}'; valid choices: {', '.join(options)}")
+        rule = spec.metadata.get("range")
+        if rule is not None:
+            test, wording = RANGES[rule]
+            wording = f"a finite number {wording}" if isinstance(value, float) and wording[0] == ">" else wording
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and test(value)):
+                raise ConfigError(f"{key} must be {wording}, got {value}")
 
 
 # Default prompt templates, one per role action; `workflow.prompts.<name>=...` overrides any.
@@ -59,10 +112,10 @@ DEFAULT_PROMPTS: Dict[str, str] = {
 
 @dataclass
 class WorkflowConfig:
-    n_votes: int = 3  # voting: voter instances
-    max_iterations: int = 2  # eval_opt: generator drafts at most
-    max_subtasks: int = 2  # orch_workers: worker instances at most
-    max_new_tokens: int = 12  # per turn, unless a role overrides it
+    n_votes: int = ranged(3, ">=1")  # voting: voter instances
+    max_iterations: int = ranged(2, ">=1")  # eval_opt: generator drafts at most
+    max_subtasks: int = ranged(2, ">=1")  # orch_workers: worker instances at most
+    max_new_tokens: int = ranged(12, ">=1")  # per turn, unless a role overrides it
     role_max_new_tokens: Dict[str, int] = field(default_factory=dict)
     prompts: Dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PROMPTS))  # by template name
     # auto: tiny scales keep the templates above, Qwen3 scales get the study's (harness/workflows/prompts.py)
@@ -70,7 +123,7 @@ class WorkflowConfig:
     # how the real-model (qwen3) contracts read an evaluator's verdict and an aggregator's selection: study
     # (the study's code: the first boxed verdict or index, else the first digit 1-9) or tolerant (the last
     # well-formed statement anywhere, for models that restate their choice; harness/workflows/contracts.py)
-    parse: str = "study"
+    parse: str = choice("study", _registry("harness.workflows.contracts", "PARSES"), "contract parse")
 
 
 @dataclass
@@ -89,8 +142,8 @@ class ModelConfig:
     # the checkpoint's folder under $MARL_MODEL_ROOT when model.path is not given; None: the scale's own
     # (Qwen3-4B, ...). The study starts 4B code cells from its own warm-started weights (grid/conf/task/code.yaml)
     dirname: Optional[str] = None
-    lora_rank: int = 8
-    lora_alpha: int = 16
+    lora_rank: int = ranged(8, ">=1")
+    lora_alpha: int = ranged(16, ">0")
     lora_targets: List[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
@@ -103,15 +156,13 @@ class ModelInstanceConfig:
     """One model instance of UnityMAS-O's agent-to-model map phi: its own base model, training
     mode and optimizer, and the roles it plays (`models.<name>.roles`; the policy id is <name>)."""
 
-    scale: str = "tiny-m"
+    scale: str = choice("tiny-m", _registry("harness.models", "SCALES"), "scale")
     path: Optional[str] = None  # a checkpoint dir for qwen3-* scales
-    train: str = "lora"  # lora: an adapter on the base | full: every base parameter
-    lr: Optional[float] = None  # its AdamW's learning rate; default: algo.lr
-    weight_decay: Optional[float] = None  # its AdamW's weight decay; default: algo.weight_decay
+    train: str = choice("lora", MODEL_TRAINING, "training mode")  # lora: an adapter on the base | full: every base parameter
+    lr: Optional[float] = ranged(None, ">0")  # its AdamW's learning rate; default: algo.lr
+    weight_decay: Optional[float] = ranged(None, ">=0")  # its AdamW's weight decay; default: algo.weight_decay
     roles: List[str] = field(default_factory=list)
 
-
-MODEL_TRAINING = ("lora", "full")
 
 
 @dataclass
@@ -120,61 +171,61 @@ class AlgoConfig:
     `ppo_mini_batch_size` problems' worth (x group_size rows), one optimizer step each, over
     `ppo_epochs`; old log-probs come from the behaviour weights before the first step."""
 
-    problems_per_step: int = 8
-    group_size: int = 4  # G episodes per problem
-    ppo_mini_batch_size: int = 8  # problems per mini-batch (verl's count): rows = this x group_size
-    ppo_epochs: int = 1
+    problems_per_step: int = ranged(8, ">=1")
+    group_size: int = ranged(4, ">=2")  # G episodes per problem (GRPO normalises within a group)
+    ppo_mini_batch_size: int = ranged(8, ">=1")  # problems per mini-batch (verl's count): rows = this x group_size
+    ppo_epochs: int = ranged(1, ">=1")
     shuffle: bool = False  # shuffle a policy's rows before cutting mini-batches, seeded from (seed, step, epoch)
     # verl's trainer.balance_batch (on by default there and in the study): the step's rows sorted by length
     # and zig-zagged before mini-batching (engines/base.py balanced_order); balance_dp: the DP ranks it balances
     balance_batch: bool = True
     balance_dp: int = 1
-    lr: float = 1e-3
-    lr_factor: float = 1.0  # every step's lr times this (the lr_half mitigation sets 0.5: a smaller update, any direction)
-    lr_schedule: str = "constant"  # constant | cosine (verl's schedulers), stepped once per training step
-    lr_warmup_steps: int = 0  # linear warm-up from 0 over this many training steps
-    weight_decay: float = 0.0  # AdamW's (decoupled); verl's actor default and the study's: 0.01
+    lr: float = ranged(1e-3, ">0")
+    lr_factor: float = ranged(1.0, ">0")  # every step's lr times this (the lr_half mitigation sets 0.5: a smaller update, any direction)
+    lr_schedule: str = choice("constant", LR_SCHEDULES, "learning-rate schedule")  # (verl's schedulers), stepped once per training step
+    lr_warmup_steps: int = ranged(0, ">=0")  # linear warm-up from 0 over this many training steps
+    weight_decay: float = ranged(0.0, ">=0")  # AdamW's (decoupled); verl's actor default and the study's: 0.01
     adam_betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # verl's default
-    adam_eps: float = 1e-8  # torch's AdamW default, which verl keeps
-    max_grad_norm: float = 1.0
-    clip_scope: str = "policy"  # policy: each policy clips its own norm (verl); cell: one norm over all policies
-    clip_ratio: float = 0.2
-    clip_ratio_low: Optional[float] = None  # default: clip_ratio
-    clip_ratio_high: Optional[float] = None  # default: clip_ratio (the study: 0.28)
-    clip_ratio_c: Optional[float] = 3.0  # dual clip for negative advantages (verl's default); null: off
-    loss_agg: str = "token-mean"
+    adam_eps: float = ranged(1e-8, ">0")  # torch's AdamW default, which verl keeps
+    max_grad_norm: float = ranged(1.0, ">0")
+    clip_scope: str = choice("policy", CLIP_SCOPES, "gradient clipping scope")  # policy: each policy clips its own norm (verl); cell: one norm over all policies
+    clip_ratio: float = ranged(0.2, ">0")
+    clip_ratio_low: Optional[float] = ranged(None, ">0")  # default: clip_ratio
+    clip_ratio_high: Optional[float] = ranged(None, ">0")  # default: clip_ratio (the study: 0.28)
+    clip_ratio_c: Optional[float] = ranged(3.0, ">1")  # dual clip for negative advantages (verl's default); null: off
+    loss_agg: str = choice("token-mean", LOSS_AGG_MODES, "loss aggregation")
     # trajectory (the study's): a group is (problem, role or voter instance), each call scored alone;
     # episode: a role's turns share its episode's advantage; turn: per input (algo/grpo.py)
-    adv_grouping: str = "trajectory"
+    adv_grouping: str = choice("trajectory", ADV_GROUPINGS, "advantage grouping")
     norm_adv_by_std: bool = True
-    adv_norm: str = "group"  # group: GRPO's std over the group; agent: the role's std over the batch (Dr. MAS)
+    adv_norm: str = choice("group", ADV_NORMS, "advantage normalisation")  # group: GRPO's std over the group; agent: the role's std over the batch (Dr. MAS)
     role_count_scaling: bool = False  # n same-type instances on a policy: mini-batches n x as large
-    coherence_reg: float = 0.0  # λ > 0: each step's lr / (1 + λ(coherence - 1)) of same-type instances (algo/coherence.py)
+    coherence_reg: float = ranged(0.0, ">=0")  # λ > 0: each step's lr / (1 + λ(coherence - 1)) of same-type instances (algo/coherence.py)
     # the study's I6 (algo/coherence_damping.py): policy -> λ; its gradient x (1 - λ clamp(cos(g, EMA g), 0, 1)) at each
     # mini-batch, before clipping (upstream trainer.coherence_reg.per_role_weights, ema_window 128; engine=local)
     coherence_damping: Dict[str, float] = field(default_factory=dict)
-    coherence_damping_window: int = 128
+    coherence_damping_window: int = ranged(128, ">=1")
     # an induced failure for validating detectors (sweep=repro_lr_spike): lr x lr_spike_factor on the
     # lr_spike_steps training steps from lr_spike_start (0 steps: off)
-    lr_spike_factor: float = 1.0
-    lr_spike_start: int = 0
-    lr_spike_steps: int = 0
+    lr_spike_factor: float = ranged(1.0, ">0")
+    lr_spike_start: int = ranged(0, ">=0")
+    lr_spike_steps: int = ranged(0, ">=0")
     frozen_policies: List[str] = field(default_factory=list)  # policies that sample but never step (harness.diagnose)
-    kl_coef: float = 0.0  # > 0: KL to the base model (adapter disabled)
+    kl_coef: float = ranged(0.0, ">=0")  # > 0: KL to the base model (adapter disabled)
     kl_coef_per_role: Dict[str, float] = field(default_factory=dict)  # a role's own beta (else kl_coef)
-    adv_estimator: str = "grpo"  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)
-    gae_gamma: float = 1.0  # GAE's discount over an episode's turns (verl's default 1.0)
-    gae_lambda: float = 1.0  # GAE's lambda (verl's default 1.0)
+    adv_estimator: str = choice("grpo", ADV_ESTIMATORS, "advantage estimator")  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)
+    gae_gamma: float = ranged(1.0, "[0,1]")  # GAE's discount over an episode's turns (verl's default 1.0)
+    gae_lambda: float = ranged(1.0, "[0,1]")  # GAE's lambda (verl's default 1.0)
     # gae: advantages whitened over all the cell's turns at once (`cell`: one verl batch), or within each
     # policy's turns (`policy`: UnityMAS-O, every worker group in its own buffer; docs/unitymas.md says why
     # it is not the default yet)
-    adv_whiten: str = "cell"
-    critic_lr: float = 1e-3  # the value heads' Adam (engine=local: a linear head on the policy's features)
-    verl_critic_lr: float = 1e-4  # engine=verl: verl's critic, the whole base model with a value head
-    critic_steps: int = 4  # value-loss steps per training step
-    value_clip: float = 0.5  # verl's cliprange_value
-    micro_batch_size: int = 64
-    temperature: float = 1.0
+    adv_whiten: str = choice("cell", ADV_WHITENINGS, "advantage whitening")
+    critic_lr: float = ranged(1e-3, ">0")  # the value heads' Adam (engine=local: a linear head on the policy's features)
+    verl_critic_lr: float = ranged(1e-4, ">0")  # engine=verl: verl's critic, the whole base model with a value head
+    critic_steps: int = ranged(4, ">=1")  # value-loss steps per training step
+    value_clip: float = ranged(0.5, ">0")  # verl's cliprange_value
+    micro_batch_size: int = ranged(64, ">=1")
+    temperature: float = ranged(1.0, ">0")
     shared_prompt_forward: bool = True  # local engine: each distinct prompt runs once in the update (exact)
 
 
@@ -185,22 +236,22 @@ REWARD_TERMS = ("node", "turn", "traj", "length", "length_hold", "length_target"
 class RewardConfig:
     """r = node*r_node + turn*r_turn + traj*r_traj per turn; per_role overrides by role name."""
 
-    node: float = 0.0  # role-level correctness (voter correct, aggregator picked correct, ...)
-    turn: float = 0.0  # the turn's output honours its role's contract
-    traj: float = 1.0  # final outcome, copied to every turn
-    length: float = 0.0  # per response token (used to provoke length drift on purpose)
+    node: float = ranged(0.0, ">=0")  # role-level correctness (voter correct, aggregator picked correct, ...)
+    turn: float = ranged(0.0, ">=0")  # the turn's output honours its role's contract
+    traj: float = ranged(1.0, ">=0")  # final outcome, copied to every turn
+    length: float = ranged(0.0, ">=0")  # per response token (used to provoke length drift on purpose)
     # r -= length_hold x |tokens - length_target|: a role held to a length (harness.diagnose's hold_length arm sets
     # both per role, the target at the role's own early mean length)
     length_hold: float = 0.0
     length_target: float = 0.0
     per_role: Dict[str, Dict[str, float]] = field(default_factory=dict)
-    gamma: float = 1.0  # UnityMAS-O's discount: the turn at workflow step t (its graph stage, 1-based) counts gamma^(t-1)
+    gamma: float = ranged(1.0, "(0,1]")  # UnityMAS-O's discount: the turn at workflow step t (its graph stage, 1-based) counts gamma^(t-1)
     # full: the outcome on every turn; last: on the last stage's turns; split: divided among the roles, then
     # their turns; auto (resolved when the config is read): last under GAE (no reward for longer loops), full under GRPO
-    outcome_share_mode: str = "auto"
+    outcome_share_mode: str = choice("auto", OUTCOME_SHARE_MODES, "outcome share mode")
     # the outcome r_traj: exact (1 when the task grades the answer correct: EM, all tests passed) or f1 (QA's
     # token F1, partial credit, UnityMAS-O's metric); auto (resolved when the config is read): f1 on QA tasks, else exact
-    outcome_metric: str = "auto"
+    outcome_metric: str = choice("auto", OUTCOME_METRICS, "outcome metric")
     allocator: Optional[str] = None  # "module:function(episode, cfg) -> per-turn rewards", in place of the terms
 
 
@@ -241,7 +292,7 @@ def control_mitigations() -> Dict[str, str]:
 class AmplificationConfig:
     """A policy trained by several role instances moves faster than one instance moves a policy."""
 
-    action: str = "alert"
+    action: str = choice("alert", ACTIONS, "action")
     min_ratio: float = 1.3  # its drift ‖θ_t − θ_0‖ over the reference's at the same step (EWMA)
     min_coherence: float = 0.5  # EWMA of its instances' ‖Σg_i‖²/Σ‖g_i‖²; below this they cancel out
     # and pulling away: that ratio risen this share above its own early band (the ratio over its first
@@ -258,7 +309,7 @@ class AmplificationConfig:
 class CaptureConfig:
     """A role leaves its contract toward another role's behaviour (SP's role capture)."""
 
-    action: str = "alert"
+    action: str = choice("alert", ACTIONS, "action")
     baseline_steps: int = 10  # early band of every signal
     ewma_alpha: float = 0.2
     length_approach: float = 0.3  # the victim's own length closed this share of its early gap to the other's
@@ -274,7 +325,7 @@ class CaptureConfig:
 class DriftConfig:
     """A judging role (a verdict, an index, a plan, a search action) changes its length: capture's early warning."""
 
-    action: str = "alert"
+    action: str = choice("alert", ACTIONS, "action")
     roles: List[str] = field(default_factory=list)  # [] (default): the judging roles, found by contract
     baseline_steps: int = 10
     ewma_alpha: float = 0.2
@@ -295,17 +346,17 @@ class CollapseConfig:
     (confirmation); and, as the early warning, training accuracy below that fraction of the paired
     single agent's on the same problems, beyond the noise of the paired differences."""
 
-    action: str = "alert"
+    action: str = choice("alert", ACTIONS, "action")
     fraction: float = 0.7  # of the running best (validation); of the paired run's accuracy (training)
     se: float = 2.0  # standard errors of the difference (val/accuracy_se; the paired differences' spread)
     patience: int = 2  # consecutive validations
-    trend_window: int = 10  # training steps in the paired comparison; 0: no early warning
-    trend_patience: int = 1  # consecutive steps
+    trend_window: int = ranged(10, ">=0")  # training steps in the paired comparison; 0: no early warning
+    trend_patience: int = ranged(1, ">=1")  # consecutive steps
 
 
 @dataclass
 class NonFiniteConfig:
-    action: str = "alert"  # the step of a non-finite policy is always skipped
+    action: str = choice("alert", ACTIONS, "action")  # the step of a non-finite policy is always skipped
 
 
 @dataclass
@@ -315,13 +366,13 @@ class LearnedConfig:
 
     enabled: bool = False
     model: Optional[str] = None  # its JSON; None: harness/monitors/learned.json (fitted by studies/early-warning)
-    action: str = "alert"
+    action: str = choice("alert", ACTIONS, "action")
 
 
 @dataclass
 class MonitorConfig:
     # every detector's action at once when set (log, alert, stop, mitigate); else each its own `action`
-    action: Optional[str] = None
+    action: Optional[str] = choice(None, ACTIONS, "action")
     # mitigate: the running cell switches on its alert's mitigation from the next step (local engine)
     mitigations: Dict[str, str] = field(default_factory=matched_mitigations)
     controls: Dict[str, str] = field(default_factory=control_mitigations)  # harness.intervene's `control` arm
@@ -341,32 +392,6 @@ class MonitorConfig:
     learned: LearnedConfig = field(default_factory=LearnedConfig)
 
 
-# detector settings of earlier versions (an absolute gate on the update size, retired for a relative one)
-RETIRED_MONITOR_KEYS = {"amplification": ("min_update_ratio",)}
-
-
-def stored_cell_config(run: Path) -> "CellConfig":
-    """A run's resolved config from its cell.yaml, as it trained (no re-validation of its root)."""
-    from omegaconf import OmegaConf
-
-    stored = upgrade_stored(OmegaConf.to_container(OmegaConf.load(Path(run) / "cell.yaml")))
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CellConfig), stored))
-
-
-def upgrade_stored(cell: dict) -> dict:
-    """A cell.yaml as today's CellConfig reads it: runs logged before the paired run became one
-    monitors setting kept it under each detector (`monitors.amplification.reference_run`)."""
-    monitors = cell.get("monitors") or {}
-    for detector, removed in RETIRED_MONITOR_KEYS.items():  # settings later detectors no longer have
-        for key in removed:
-            (monitors.get(detector) or {}).pop(key, None)
-    for detector in ("amplification", "collapse"):
-        recorded = (monitors.get(detector) or {}).pop("reference_run", None)
-        if recorded and not monitors.get("reference_run"):
-            monitors["reference_run"] = recorded
-    return cell
-
-
 @dataclass
 class WandbConfig:
     enabled: bool = True
@@ -382,19 +407,19 @@ class WandbConfig:
 class LocalConfig:
     """engine=local: where its one process computes and in what precision."""
 
-    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
-    dtype: str = "fp32"  # the base model's weights; bf16 on a GPU (LoRA adapters stay fp32, peft's default)
+    device: str = choice("auto", LOCAL_DEVICES, "local engine device")  # auto: cuda when torch sees a GPU, else cpu
+    dtype: str = choice("fp32", LOCAL_DTYPES, "local engine precision")  # the base model's weights; bf16 on a GPU (LoRA adapters stay fp32, peft's default)
 
 
 @dataclass
 class VerlConfig:
     """engine=verl: one verl worker group (Ray, FSDP2) per policy; see harness/engines/verl/."""
 
-    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu (the CPU platform plugin)
-    gpus_per_policy: int = 1  # FSDP ranks of each policy's worker group
+    device: str = choice("auto", VERL_DEVICES, "verl device")  # auto: cuda when torch sees a GPU, else cpu (the CPU platform plugin)
+    gpus_per_policy: int = ranged(1, ">=1")  # FSDP ranks of each policy's worker group
     # colocate: all policies share the cell's GPUs; split: each its own; per_node: each its own, pinned round-robin
     # to the Ray cluster's nodes (one policy per node on a multi-node cell); the run records where (placement.json)
-    placement: str = "colocate"
+    placement: str = choice("colocate", VERL_PLACEMENTS, "verl placement")
     use_dynamic_bsz: bool = True  # micro-batches by token budget (verl's default) instead of by count
     max_token_len_per_gpu: int = 4096
     gradient_checkpointing: bool = False
@@ -402,8 +427,8 @@ class VerlConfig:
     attn_implementation: str = "flash_attention_2"  # on GPU; sdpa on a CPU
     ray_address: Optional[str] = None  # default: $RAY_ADDRESS (slurm/ray-up.sh), else a private local Ray
     ray_num_cpus: Optional[int] = None  # logical CPUs of a private local Ray
-    ray_up: str = "auto"  # grid on SLURM: auto = slurm/ray-up.sh when a cell spans nodes; always; never
-    rollout: str = "auto"  # verl rollout replica per policy: auto = vllm on a GPU when installed, else hf
+    ray_up: str = choice("auto", VERL_RAY_UP, "verl Ray bring-up")  # grid on SLURM: auto = slurm/ray-up.sh when a cell spans nodes; always; never
+    rollout: str = choice("auto", VERL_ROLLOUTS, "verl rollout backend")  # verl rollout replica per policy: auto = vllm on a GPU when installed, else hf
     rollout_tp: int = 1  # vLLM tensor parallel size (the policy's other GPUs serve as data parallel)
     rollout_gpu_memory_utilization: Optional[float] = None  # vLLM's share of a GPU; default 0.5 / colocated policies
     rollout_max_model_len: int = 8192  # vLLM's longest prompt + response
@@ -412,7 +437,7 @@ class VerlConfig:
 @dataclass
 class InstrumentConfig:
     kl_to_base: bool = True  # measure per-role KL to the base model (adapter disabled) as a metric
-    kl_every: int = 10  # ... every this many steps (a forward with the adapter off); every step if algo.kl_coef > 0
+    kl_every: int = ranged(10, ">=0")  # ... every this many steps (a forward with the adapter off); every step if algo.kl_coef > 0
 
 
 DATA_SPLITS = ("harness", "hf")
@@ -428,11 +453,11 @@ class DataConfig:
     # validation problems from their own file (the study validates DAPO-Math training on AIME 2025),
     # read by `val_task`'s loader (default: the cell's task); else held out from `path` as `split` says
     val_path: Optional[str] = None
-    val_task: Optional[str] = None
+    val_task: Optional[str] = choice(None, _registry("harness.tasks", "TASKS", sorted), "validation task")
     # harness: `val_size` problems held out, seeded by `seed` (at most a quarter); hf: Hugging Face
     # datasets' train_test_split(test_size, seed=split_seed), the study's (DAPO-Math: 0.1, 42;
     # DeepCoder: shuffle(42) then the first 1000 as its test set, the same permutation)
-    split: str = "harness"
+    split: str = choice("harness", DATA_SPLITS, "data split")
     test_size: float = 0.1  # hf: a fraction (< 1) or a number of problems (>= 1) in the test part
     split_seed: int = 42
     val_size: int = 200  # harness: held out from the same file, seeded (at most a quarter)
@@ -440,7 +465,7 @@ class DataConfig:
     rg_size: int = 2000  # items generated by a reasoning-gym task (task=rg-<generator>)
     corpus: Optional[str] = None  # nq / hotpotqa: the JSONL passage corpus the search workflows retrieve from
     # deepcoder: the question as the study words it (livecodebench: LiveCodeBench's wrapper) or the bare problem
-    question_format: str = "livecodebench"
+    question_format: str = choice("livecodebench", _registry("harness.tasks.code", "QUESTION_FORMATS"), "question format")
     # deepcoder: the study's runtime_results.json (not published with its repository): tests that did not pass
     # there are dropped, and problems left without one, before the split (the held-out 1000 depend on it)
     runtime_results: Optional[str] = None
@@ -465,7 +490,7 @@ class CodeSynthConfig:
 
 @dataclass
 class SandboxConfig:
-    wall_s: float = 10.0
+    wall_s: float = ranged(10.0, ">0")
     cpu_s: int = 8
     memory_mb: int = 1024
     unsafe: bool = False  # true: run model-written code without a jail (rlimits only); never for untrusted models
@@ -474,25 +499,25 @@ class SandboxConfig:
 @dataclass
 class CellConfig:
     topology: str = "voting"
-    sharing: str = "ip"
-    task: str = "arith"
-    scale: str = "tiny-m"
-    engine: str = "local"
-    seed: int = 0
+    sharing: str = choice("ip", SHARING_MODES, "sharing mode")
+    task: str = choice("arith", _registry("harness.tasks", "TASKS", sorted), "task")
+    scale: str = choice("tiny-m", _registry("harness.models", "SCALES"), "scale")
+    engine: str = choice("local", ENGINES, "engine")
+    seed: int = ranged(0, ">=0")
     # the rollout random stream: 0 is the run's own; j > 0 draws the same problems with other samples
     # (harness.diagnose's resampled arms: how often the same state fails by chance)
-    resample: int = 0
-    steps: int = 100
+    resample: int = ranged(0, ">=0")
+    steps: int = ranged(100, ">=1")
     root: str = "runs"
     sweep: str = "default"
     cell_id: Optional[str] = None  # default: derived from the axis values
     mitigation: str = "none"  # harness/mitigations.py: a name, or several joined by "+"
-    val_every: int = 10
+    val_every: int = ranged(10, ">=1")
     val_problems: int = 32
-    val_samples: int = 4  # sampled episodes per validation problem (at algo.temperature); accuracy +- its SE
+    val_samples: int = ranged(4, ">=1")  # sampled episodes per validation problem (at algo.temperature); accuracy +- its SE
     val_greedy: bool = False  # true: one greedy episode per problem instead
-    ckpt_every: int = 10
-    ckpt_keep: int = 2  # step checkpoints kept (a damaged newest one falls back to the one before), plus best/
+    ckpt_every: int = ranged(10, ">=1")
+    ckpt_keep: int = ranged(2, ">=1")  # step checkpoints kept (a damaged newest one falls back to the one before), plus best/
     samples_every: int = 20
     progress: bool = True
     report: bool = True  # write <run>/report/ (HTML + Markdown) when the run ends

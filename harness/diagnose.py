@@ -121,7 +121,7 @@ def plan(run: Path, points: Sequence[str] = ("label-15",), mechanisms: Optional[
     """Every arm, checked and configured; nothing written. Bad input raises ConfigError; a named
     mechanism that does not apply to this run is bad input too unless `strict` is off (a sweep's list
     names mechanisms for every cell: each cell takes those that apply)."""
-    from harness.config import stored_cell_config
+    from harness.run_dir import stored_cell_config
     from harness.mechanisms import MECHANISMS, mechanism_named
 
     run = Path(run).resolve()

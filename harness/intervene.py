@@ -172,7 +172,7 @@ def prepare(run: Path, at: str, words: Sequence[str], steps: Optional[int] = Non
             kind: Optional[str] = None) -> List[Arm]:
     """Check everything, then seed every arm's folder (an arm folder that already exists is kept: its
     cell resumes). Bad input raises ConfigError before anything is written."""
-    from harness.config import stored_cell_config
+    from harness.run_dir import stored_cell_config
 
     run = Path(run).resolve()
     if not (run / "cell.yaml").is_file():
@@ -191,7 +191,7 @@ def prepare_sham(run: Path, step: int, kind: Optional[str] = None, steps: Option
     """The `sham` arm: the matched mitigation of the run's first alert (of `kind`), switched on at
     `step`, a step chosen without any alert of this run (the grid draws another branched cell's
     alert step): does the mitigation save the cell whenever it comes, or only at the alert?"""
-    from harness.config import stored_cell_config
+    from harness.run_dir import stored_cell_config
 
     run = Path(run).resolve()
     parent = stored_cell_config(run)

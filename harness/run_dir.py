@@ -15,7 +15,10 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+
+if TYPE_CHECKING:
+    from harness.config import CellConfig
 
 LOG_FILES = ("metrics.jsonl", "alerts.jsonl", "samples.jsonl")
 STATES = ("running", "finished", "stopped_early", "failed", "diverged")
@@ -184,3 +187,31 @@ def _rewrite_in_place(path: Path, text: str) -> None:
         handle.write(data + b" " * (size - len(data) - 1) + b"\n")
         handle.flush()
         os.fsync(handle.fileno())
+
+
+# detector settings of earlier versions (an absolute gate on the update size, retired for a relative one)
+RETIRED_MONITOR_KEYS = {"amplification": ("min_update_ratio",)}
+
+
+def stored_cell_config(run: Path) -> "CellConfig":
+    """A run's resolved config from its cell.yaml, as it trained (no re-validation of its root)."""
+    from omegaconf import OmegaConf
+
+    from harness.config import CellConfig
+
+    stored = upgrade_stored(OmegaConf.to_container(OmegaConf.load(Path(run) / "cell.yaml")))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CellConfig), stored))
+
+
+def upgrade_stored(cell: dict) -> dict:
+    """A cell.yaml as today's CellConfig reads it: runs logged before the paired run became one
+    monitors setting kept it under each detector (`monitors.amplification.reference_run`)."""
+    monitors = cell.get("monitors") or {}
+    for detector, removed in RETIRED_MONITOR_KEYS.items():  # settings later detectors no longer have
+        for key in removed:
+            (monitors.get(detector) or {}).pop(key, None)
+    for detector in ("amplification", "collapse"):
+        recorded = (monitors.get(detector) or {}).pop("reference_run", None)
+        if recorded and not monitors.get("reference_run"):
+            monitors["reference_run"] = recorded
+    return cell

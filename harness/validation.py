@@ -2,10 +2,11 @@
 by the grid (launch and dry run) alike, so a bad override never leaves a run directory behind.
 
 `load_config` composes CLI overrides with Hydra, `config_from_dict` takes the grid's nested
-overrides; both end in `validate`, which checks every choice against the registries of models,
-tasks and workflows, every number for finiteness and range, token budgets against the model's
-positions, data files, the root and the code jail. Every failure is one ConfigError whose
-message names the valid choices.
+overrides; both end in `validate`: first every field against its declared choices and range
+(`check_fields`, declared beside each field in config.py), then the rules between sections and
+against the registries of models, tasks and workflows: token budgets against the model's positions,
+data files, the root and the code jail. Every failure is one ConfigError whose message names the
+valid choices.
 """
 from __future__ import annotations
 
@@ -23,18 +24,16 @@ from typing import Any, Dict, Optional, Sequence, Union, get_args, get_origin, g
 from omegaconf import OmegaConf
 
 from harness.cli_overrides import close_keys
-from harness.config import (ACTIONS, ADV_ESTIMATORS, ADV_GROUPINGS, ADV_WHITENINGS, ADV_NORMS, CLIP_SCOPES, DATA_SPLITS, ENGINES,
-                            GRAPH_TOPOLOGIES, LOCAL_DEVICES, LOCAL_DTYPES, LOSS_AGG_MODES, LR_SCHEDULES,
-                            MODEL_TRAINING, MONITORED, OUTCOME_METRICS, OUTCOME_SHARE_MODES, SHARING_MODES, TOPOLOGIES, VERL_DEVICES,
-                            VERL_PLACEMENTS, VERL_RAY_UP, VERL_ROLLOUTS, DEFAULT_PROMPTS, CellConfig, ConfigError, default_cell_id, kl_in_loss, register_configs)
+from harness.config import (GRAPH_TOPOLOGIES, MONITORED, TOPOLOGIES, DEFAULT_PROMPTS, CellConfig, ConfigError,
+                            check_fields, default_cell_id, kl_in_loss, register_configs)
 from harness.mitigations import apply_mitigations, mitigation_names
 from harness.models import SCALES, RandomQwen3, is_tiny, positions_of, resolve_model_path
 from harness.sharing import PolicyMap
-from harness.tasks import CODE_TASKS, NEEDS_PATH, QA_TASKS, TASKS, WARMUP_TASKS
+from harness.tasks import CODE_TASKS, NEEDS_PATH, WARMUP_TASKS
 from harness.tasks.jail import JailUnavailable, find_jail
 from harness.tasks.qa_synth import SEARCH_WORKFLOWS
 from harness.workflows import build_workflow
-from harness.workflows.graph import is_graph_topology
+from harness.workflows.graph import apply_graph_rewards, is_graph_topology
 from harness.workflows.prompts import apply_prompt_set
 
 
@@ -123,27 +122,6 @@ def _role_contracts(cfg: CellConfig) -> Optional[Dict[str, str]]:
         return None
 
 
-def apply_graph_rewards(cfg: CellConfig) -> None:
-    """A workflow graph's own reward weights per role (`rewards:`, e.g. M-ASK's turn-level rewards
-    for its search and knowledge agents) under the cell's: reward.per_role.<role>.<term> set by the
-    cell wins, and cell.yaml records the result."""
-    if not is_graph_topology(cfg.topology):
-        return
-    from harness.workflows.graph import graph_source, load_graph
-
-    try:
-        source = graph_source(cfg.topology)
-        if isinstance(source, type):
-            return
-        defaults = load_graph(source).rewards
-    except ConfigError:
-        return  # validate() reports the graph's problem
-    per_role = {role: dict(terms) for role, terms in cfg.reward.per_role.items()}
-    for role, terms in defaults.items():
-        per_role[role] = {**terms, **per_role.get(role, {})}
-    cfg.reward.per_role = per_role
-
-
 @lru_cache(maxsize=None)
 def _fields(cls) -> Dict[str, Any]:
     return get_type_hints(cls)
@@ -229,16 +207,11 @@ def _check_data(cfg: CellConfig) -> None:
             raise ConfigError(f"data.{key} {value} does not exist")
         if not os.access(data, os.R_OK) or data.stat().st_size == 0:
             raise ConfigError(f"data.{key} {value} is {'empty' if os.access(data, os.R_OK) else 'not readable'}")
-    _choose("data split (data.split)", cfg.data.split, DATA_SPLITS)
-    from harness.tasks.code import QUESTION_FORMATS
-
-    _choose("question format (data.question_format)", cfg.data.question_format, QUESTION_FORMATS)
     if cfg.data.runtime_results and not Path(cfg.data.runtime_results).is_file():
         raise ConfigError(f"data.runtime_results: no file at {cfg.data.runtime_results}")
     if cfg.data.split == "hf" and not (math.isfinite(cfg.data.test_size) and cfg.data.test_size > 0):
         raise ConfigError(f"data.test_size must be a fraction in (0, 1) or a count >= 1, got {cfg.data.test_size}")
     if cfg.data.val_task is not None:
-        _choose("validation task (data.val_task)", cfg.data.val_task, sorted(TASKS))
         if (cfg.data.val_task in CODE_TASKS) != (cfg.task in CODE_TASKS):
             raise ConfigError(f"data.val_task {cfg.data.val_task} is graded differently from task {cfg.task}: "
                               f"give a validation set of the same kind")
@@ -247,21 +220,7 @@ def _check_data(cfg: CellConfig) -> None:
 
 
 def _check_numbers(cfg: CellConfig) -> None:
-    """Every numeric knob finite and in its range (NaN and inf fail every comparison below)."""
-    positive = {"algo.lr": cfg.algo.lr, "algo.lr_factor": cfg.algo.lr_factor, "algo.lr_spike_factor": cfg.algo.lr_spike_factor,
-                "algo.max_grad_norm": cfg.algo.max_grad_norm,
-                "algo.temperature": cfg.algo.temperature, "algo.adam_eps": cfg.algo.adam_eps,
-                "sandbox.wall_s": cfg.sandbox.wall_s,
-                "model.lora_alpha": cfg.model.lora_alpha}
-    non_negative = {"algo.kl_coef": cfg.algo.kl_coef, "algo.coherence_reg": cfg.algo.coherence_reg,
-                    "algo.weight_decay": cfg.algo.weight_decay, "seed": cfg.seed,
-                    **{f"reward.{t}": getattr(cfg.reward, t) for t in ("node", "turn", "traj", "length")}}
-    for name, value in positive.items():
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"{name} must be a finite number > 0, got {value}")
-    for name, value in non_negative.items():
-        if not (math.isfinite(value) and value >= 0):
-            raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+    """The numbers in lists and free-form dicts (the fields' own ranges are check_fields')."""
     betas = list(cfg.algo.adam_betas)
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
         raise ConfigError(f"algo.adam_betas must be two numbers in [0, 1), got {betas}")
@@ -306,14 +265,8 @@ def _check_models(cfg: CellConfig) -> None:
         raise ConfigError("algo.clip_scope=cell takes one norm over one engine's policies; with models: use policy")
     for name, spec in cfg.models.items():
         where = f"models.{name}"
-        _choose(f"scale ({where}.scale)", spec.scale, list(SCALES))
-        _choose(f"training mode ({where}.train)", spec.train, MODEL_TRAINING)
         if not spec.roles or any(":" in r for r in spec.roles):
             raise ConfigError(f"{where}.roles must list whole roles (a role is played by one instance), got {spec.roles}")
-        if spec.lr is not None and not (math.isfinite(spec.lr) and spec.lr > 0):
-            raise ConfigError(f"{where}.lr must be a finite number > 0, got {spec.lr}")
-        if spec.weight_decay is not None and not (math.isfinite(spec.weight_decay) and spec.weight_decay >= 0):
-            raise ConfigError(f"{where}.weight_decay must be a finite number >= 0, got {spec.weight_decay}")
         if spec.train == "full" and kl_in_loss(cfg.algo):
             raise ConfigError(f"{where}.train=full changes the base the KL term needs: use lora, or algo.kl_coef=0")
         if is_tiny(spec.scale) and cfg.task not in WARMUP_TASKS:
@@ -325,79 +278,23 @@ def validate(cfg: CellConfig) -> None:
     """Raise ConfigError for anything that would fail later; touches nothing on disk but model paths."""
     if not is_graph_topology(cfg.topology):
         _choose("topology", cfg.topology, TOPOLOGIES + GRAPH_TOPOLOGIES + ("graph:<name>", "<path to a workflow graph .yaml>"))
-    _choose("sharing mode", cfg.sharing, SHARING_MODES)
-    _choose("task", cfg.task, sorted(TASKS))
-    _choose("scale", cfg.scale, list(SCALES))
-    _choose("engine", cfg.engine, ENGINES)
-    from harness.workflows.contracts import PARSES
-
-    _choose("contract parse (workflow.parse)", cfg.workflow.parse, PARSES)
-    _choose("verl placement (verl.placement)", cfg.verl.placement, VERL_PLACEMENTS)
-    _choose("verl device (verl.device)", cfg.verl.device, VERL_DEVICES)
-    _choose("local engine device (local.device)", cfg.local.device, LOCAL_DEVICES)
-    _choose("local engine precision (local.dtype)", cfg.local.dtype, LOCAL_DTYPES)
+    check_fields(cfg)
+    _check_numbers(cfg)
     if cfg.local.device == "cuda" and cfg.engine == "local":
         import torch
 
         if not torch.cuda.is_available():
             raise ConfigError("local.device=cuda but torch sees no GPU here; use local.device=auto or cpu")
-    _choose("verl Ray bring-up (verl.ray_up)", cfg.verl.ray_up, VERL_RAY_UP)
-    _choose("verl rollout backend (verl.rollout)", cfg.verl.rollout, VERL_ROLLOUTS)
     if cfg.verl.rollout == "vllm" and cfg.verl.device == "cpu":
         raise ConfigError("verl.rollout=vllm needs a GPU; on a CPU use verl.rollout=hf (or auto)")
     if cfg.verl.rollout_tp < 1 or cfg.verl.gpus_per_policy % cfg.verl.rollout_tp:
         raise ConfigError(f"verl.rollout_tp={cfg.verl.rollout_tp} must divide "
                           f"verl.gpus_per_policy={cfg.verl.gpus_per_policy}")
-    if cfg.verl.gpus_per_policy < 1:
-        raise ConfigError(f"verl.gpus_per_policy must be >= 1, got {cfg.verl.gpus_per_policy}")
     if cfg.engine == "verl" and cfg.sharing_cfg.full_finetune:
         raise ConfigError("engine=verl trains LoRA adapters; sharing_cfg.full_finetune=true needs engine=local")
-    _choose("loss aggregation (algo.loss_agg)", cfg.algo.loss_agg, LOSS_AGG_MODES)
-    positive = {
-        "steps": cfg.steps,
-        "algo.problems_per_step": cfg.algo.problems_per_step,
-        "algo.group_size": cfg.algo.group_size,
-        "algo.micro_batch_size": cfg.algo.micro_batch_size,
-        "algo.ppo_mini_batch_size": cfg.algo.ppo_mini_batch_size,
-        "algo.ppo_epochs": cfg.algo.ppo_epochs,
-        "val_samples": cfg.val_samples,
-        "workflow.n_votes": cfg.workflow.n_votes,
-        "workflow.max_iterations": cfg.workflow.max_iterations,
-        "workflow.max_subtasks": cfg.workflow.max_subtasks,
-        "workflow.max_new_tokens": cfg.workflow.max_new_tokens,
-        "val_every": cfg.val_every,
-        "ckpt_every": cfg.ckpt_every,
-        "ckpt_keep": cfg.ckpt_keep,
-        "model.lora_rank": cfg.model.lora_rank,
-    }
-    for name, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{name} must be >= 1, got {value}")
-    if cfg.algo.group_size < 2:
-        raise ConfigError("algo.group_size must be >= 2: GRPO normalises rewards within a group")
-    _check_numbers(cfg)
-    _choose("learning-rate schedule (algo.lr_schedule)", cfg.algo.lr_schedule, LR_SCHEDULES)
-    _choose("gradient clipping scope (algo.clip_scope)", cfg.algo.clip_scope, CLIP_SCOPES)
-    _choose("advantage grouping (algo.adv_grouping)", cfg.algo.adv_grouping, ADV_GROUPINGS)
-    _choose("advantage normalisation (algo.adv_norm)", cfg.algo.adv_norm, ADV_NORMS)
-    _choose("outcome share mode (reward.outcome_share_mode)", cfg.reward.outcome_share_mode, OUTCOME_SHARE_MODES)
-    _choose("outcome metric (reward.outcome_metric)", cfg.reward.outcome_metric, OUTCOME_METRICS)
     if cfg.reward.outcome_metric == "f1" and cfg.task not in QA_TASKS:
         raise ConfigError(f"reward.outcome_metric=f1 is token F1 of a QA answer; task {cfg.task} has none: use "
                           f"exact, or a QA task ({', '.join(sorted(QA_TASKS))})")
-    _choose("advantage estimator (algo.adv_estimator)", cfg.algo.adv_estimator, ADV_ESTIMATORS)
-    _choose("advantage whitening (algo.adv_whiten)", cfg.algo.adv_whiten, ADV_WHITENINGS)
-    if cfg.algo.adv_estimator == "gae":
-        for name in ("gae_gamma", "gae_lambda"):
-            value = getattr(cfg.algo, name)
-            if not (math.isfinite(value) and 0 <= value <= 1):
-                raise ConfigError(f"algo.{name} must be in [0, 1], got {value}")
-        if not (cfg.algo.critic_lr > 0 and cfg.algo.verl_critic_lr > 0 and cfg.algo.critic_steps >= 1
-                and cfg.algo.value_clip > 0):
-            raise ConfigError("algo.critic_lr, algo.verl_critic_lr and algo.value_clip must be > 0 and "
-                              "algo.critic_steps >= 1")
-    if not (math.isfinite(cfg.reward.gamma) and 0 < cfg.reward.gamma <= 1):
-        raise ConfigError(f"reward.gamma must be in (0, 1], got {cfg.reward.gamma}")
     if cfg.reward.allocator:
         from harness.rewards import load_allocator
 
@@ -406,23 +303,6 @@ def validate(cfg: CellConfig) -> None:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     mitigation_names(cfg.mitigation)
-    if cfg.instrument.kl_every < 0:
-        raise ConfigError(f"instrument.kl_every must be >= 0 (0: never), got {cfg.instrument.kl_every}")
-    if cfg.algo.lr_warmup_steps < 0:
-        raise ConfigError(f"algo.lr_warmup_steps must be >= 0, got {cfg.algo.lr_warmup_steps}")
-    if cfg.algo.lr_spike_start < 0 or cfg.algo.lr_spike_steps < 0:
-        raise ConfigError(f"algo.lr_spike_start and algo.lr_spike_steps must be >= 0, got "
-                          f"{cfg.algo.lr_spike_start} and {cfg.algo.lr_spike_steps}")
-    for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
-        value = getattr(cfg.algo, name)
-        if value is not None and not value > 0:
-            raise ConfigError(f"algo.{name} must be > 0, got {value}")
-    if cfg.algo.clip_ratio_c is not None and not cfg.algo.clip_ratio_c > 1:
-        raise ConfigError(f"algo.clip_ratio_c (dual clip) must be > 1 or null, got {cfg.algo.clip_ratio_c}")
-    if cfg.monitors.action is not None:
-        _choose("action (monitors.action)", cfg.monitors.action, ACTIONS)
-    for name in MONITORED:
-        _choose(f"action (monitors.{name}.action)", getattr(cfg.monitors, name).action, ACTIONS)
     for where, mapping in (("monitors.mitigations", cfg.monitors.mitigations),
                            ("monitors.controls", cfg.monitors.controls)):
         for kind, names in mapping.items():
@@ -446,14 +326,6 @@ def validate(cfg: CellConfig) -> None:
             raise ConfigError(f"algo.coherence_damping.{policy}={weight}: a weight is in [0, 1] (upstream advises <= 0.3)")
         if cfg.engine != "local" or cfg.models:
             raise ConfigError("algo.coherence_damping (the study's I6) runs on engine=local without models=")
-        if cfg.algo.coherence_damping_window < 1:
-            raise ConfigError(f"algo.coherence_damping_window must be >= 1, got {cfg.algo.coherence_damping_window}")
-    if cfg.resample < 0:
-        raise ConfigError(f"resample must be >= 0 (0: the run's own random stream), got {cfg.resample}")
-    if cfg.monitors.collapse.trend_window < 0 or cfg.monitors.collapse.trend_patience < 1:
-        raise ConfigError(f"monitors.collapse.trend_window must be >= 0 (0: no early warning) and "
-                          f"monitors.collapse.trend_patience >= 1, got {cfg.monitors.collapse.trend_window} and "
-                          f"{cfg.monitors.collapse.trend_patience}")
     if cfg.monitors.learned.enabled:
         from harness.monitors.learned import DEFAULT_MODEL
 
@@ -505,13 +377,8 @@ def validate(cfg: CellConfig) -> None:
         if unknown:
             raise ConfigError(f"{where} names {', '.join(unknown)}, not a policy of this cell; its policies: "
                               f"{', '.join(policies)}")
-    if hasattr(workflow, "spec"):  # a graph: every node's template must exist
-        templates = {**workflow.templates(), **cfg.workflow.prompts}
-        for node in workflow.spec.nodes.values():
-            name = node.prompt or node.role
-            if node.role is not None and name not in templates:
-                raise ConfigError(f"graph node {node.id} uses prompt template '{name}', which neither the cell nor the "
-                                  f"graph's prompts: define; defined: {', '.join(sorted(templates))}")
+    if hasattr(workflow, "check_templates"):  # a graph: every node's template must exist
+        workflow.check_templates(cfg.workflow.prompts)
     _check_prompt_names(cfg, workflow)
     _check_role_settings(cfg, workflow)
     # per-role settings may name roles of other topologies (one sweep, many topologies), not typos

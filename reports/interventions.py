@@ -106,7 +106,7 @@ def comparison_table(rows: List[dict]) -> pd.DataFrame:
 
 def base_rows(sweep: Path) -> List[dict]:
     """One row per multi-agent cell of a sweep with an `action` axis: its first failure and final accuracy."""
-    from harness.config import stored_cell_config
+    from harness.run_dir import stored_cell_config
 
     rows = []
     for run in sorted(p for p in sweep.glob("*") if (p / "cell.yaml").is_file()):

@@ -100,7 +100,8 @@ def test_a_run_logged_before_the_paired_run_was_one_monitors_setting_still_loads
     """cell.yaml files that kept the paired run under `monitors.amplification` (and `collapse`)."""
     from omegaconf import OmegaConf
 
-    from harness.config import CellConfig, stored_cell_config
+    from harness.config import CellConfig
+    from harness.run_dir import stored_cell_config
 
     stored = OmegaConf.to_container(OmegaConf.structured(CellConfig))
     del stored["monitors"]["reference_run"]

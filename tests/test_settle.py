@@ -5,7 +5,8 @@ from omegaconf import OmegaConf
 
 from grid.launch import main as launch_main
 from grid.launch import settle_alerts
-from harness.config import CellConfig, stored_cell_config
+from harness.config import CellConfig
+from harness.run_dir import stored_cell_config
 from harness.run_dir import read_jsonl
 from harness.monitors import Monitor, unwritten
 from harness.paired_run import paired_run

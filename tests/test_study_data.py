@@ -226,7 +226,7 @@ def test_full_matrix_on_the_study_files_under_a_data_root_dry_runs_clean_and_tra
     samples = [json.loads(line) for line in (cell_dir / "samples.jsonl").read_text().splitlines()]
     dapo = {p.question for p in everything(task_for("dapo-math", FIXTURES / "dapo_math_processed_sample.jsonl"))}
     assert samples and all(s["question"] in dapo for s in samples)  # trained on the DAPO problems
-    from harness.config import stored_cell_config
+    from harness.run_dir import stored_cell_config
     from harness.tasks import build_task as build
 
     stored = stored_cell_config(cell_dir)

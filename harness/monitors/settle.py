@@ -55,7 +55,8 @@ def paired_run_of(run: Path, recorded: str) -> Path:
 def late_alerts(run: Path) -> List[Alert]:
     """Judge the steps a run that is over left waiting for its paired run, once that run is over
     too; append and return their alerts. Nothing while either run may still change."""
-    from harness.config import monitor_start, stored_cell_config
+    from harness.config import monitor_start
+    from harness.run_dir import stored_cell_config
 
     run_dir = RunDir(run)
     if not (run / "cell.yaml").is_file() or not (run / "metrics.jsonl").is_file():

@@ -353,6 +353,15 @@ class GraphWorkflow(Workflow):
         declared = set(self.spec.prompts).union(*self.spec.prompt_sets.values())
         return sorted(used | declared)
 
+    def check_templates(self, cell_prompts: Dict[str, str]) -> None:
+        """Every node's template exists, the cell's `workflow.prompts` or the graph's own."""
+        templates = {**self.templates(), **cell_prompts}
+        for node in self.spec.nodes.values():
+            name = node.prompt or node.role
+            if node.role is not None and name not in templates:
+                raise ConfigError(f"graph node {node.id} uses prompt template '{name}', which neither the cell nor the "
+                                  f"graph's prompts: define; defined: {', '.join(sorted(templates))}")
+
     def role_budgets(self) -> Dict[str, int]:
         return dict(self.spec.budgets)
 
@@ -509,3 +518,22 @@ def graph_source(topology: str):
             raise GraphError(f"unknown graph '{topology}'; valid choices: {choices}, or a path to a graph YAML file")
         return path
     return topology
+
+
+def apply_graph_rewards(cfg) -> None:
+    """A workflow graph's own reward weights per role (`rewards:`, e.g. M-ASK's turn-level rewards
+    for its search and knowledge agents) under the cell's: reward.per_role.<role>.<term> set by the
+    cell wins, and cell.yaml records the result."""
+    if not is_graph_topology(cfg.topology):
+        return
+    try:
+        source = graph_source(cfg.topology)
+        if isinstance(source, type):
+            return
+        defaults = load_graph(source).rewards
+    except ConfigError:
+        return  # validate() reports the graph's problem
+    per_role = {role: dict(terms) for role, terms in cfg.reward.per_role.items()}
+    for role, terms in defaults.items():
+        per_role[role] = {**terms, **per_role.get(role, {})}
+    cfg.reward.per_role = per_role

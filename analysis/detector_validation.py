@@ -186,10 +186,9 @@ def replay_setup(run: Path) -> ReplayContext:
 
     cell = upgrade_stored(yaml.safe_load((run / "cell.yaml").read_text()) or {})
     monitors = MonitorConfig()
-    task_axis = (cell.get("extra") or {}).get("task_axis", cell.get("task"))
     recorded = (cell.get("monitors") or {}).get("reference_run")
     paired = run.parent / (Path(recorded).name if recorded else
-                           cell_id({"topology": "single", "task": task_axis, "scale": cell.get("scale"),
+                           cell_id({"topology": "single", "task": cell.get("task"), "scale": cell.get("scale"),
                                     "seed": cell.get("seed")}, {}))
     if cell.get("topology") != "single" and (paired / "metrics.jsonl").is_file():
         monitors.reference_run = str(paired)

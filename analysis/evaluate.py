@@ -58,9 +58,11 @@ def paired_single_run(run: Path, cfg) -> Optional[Path]:
     """The paired single-agent run of a grid cell: same sweep directory, the grid's id for it."""
     from grid.expand import cell_id
 
-    task_axis = (cfg.extra or {}).get("task_axis", cfg.task)
-    candidate = run.parent / cell_id({"topology": "single", "task": task_axis, "scale": cfg.scale, "seed": cfg.seed}, {})
-    return candidate if (candidate / "cell.yaml").is_file() else None
+    for task in (cfg.task, (cfg.extra or {}).get("task_axis")):  # ids name the task run (earlier runs: the axis)
+        candidate = run.parent / cell_id({"topology": "single", "task": task, "scale": cfg.scale, "seed": cfg.seed}, {})
+        if task and (candidate / "cell.yaml").is_file():
+            return candidate
+    return None
 
 
 class Evaluator:

@@ -152,7 +152,8 @@ def missing_data(overrides: Dict[str, Any]) -> List[str]:
 
 
 def cell_id(axes: Dict[str, Any], extra: Dict[str, str]) -> str:
-    """Same axis values -> same id on every machine: readable, no hashes."""
+    """Same axis values -> same id on every machine: readable, no hashes. `axes["task"]` is the task
+    the cell runs (the `math` axis runs arith on a tiny model), so the id says what trained."""
     head = ("single" if axes["topology"] == "single" else f"{axes['topology']}-{axes['sharing']}")
     tail = "".join(f"-{k}={v}" for k, v in sorted(extra.items()))
     return f"{head}-{axes['task']}-{axes['scale']}-s{axes['seed']}{tail}"
@@ -224,11 +225,25 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
                 baseline = _make_cell(baseline_point, dict(shared), base,
                                       [extra_axes[name][label] or {} for name, label in shared],
                                       sweep.name, root, cluster, data)
-                cells.setdefault(baseline.cell_id, baseline)
+                _add(cells, baseline)
                 cell.baseline_id = baseline.cell_id
                 _reference_run(cell, baseline)
-            cells.setdefault(cell.cell_id, cell)
+            _add(cells, cell)
     return list(cells.values())
+
+
+def _add(cells: Dict[str, Cell], cell: Cell) -> None:
+    """A cell under its id, once. Two task axes may run one task at a scale (`math` and `arith` both
+    train arith on a tiny model): those cells are one run; an id shared by cells that differ otherwise
+    is a GridError, never a cell silently dropped."""
+    known = cells.setdefault(cell.cell_id, cell)
+
+    def setting(c: Cell) -> Dict[str, Any]:
+        return {**c.overrides, "extra": {k: v for k, v in c.overrides.get("extra", {}).items() if k != "task_axis"}}
+
+    if known is not cell and setting(known) != setting(cell):
+        raise GridError(f"two cells of the sweep would both be {cell.cell_id} with different settings "
+                        f"(task axes {known.axes['task']} and {cell.axes['task']}): drop one of the task axes")
 
 
 def _extra_axes(sweep: DictConfig) -> Dict[str, Dict[str, Any]]:
@@ -290,9 +305,9 @@ def _make_cell(point: Dict[str, Any], extra: Dict[str, str], base: Dict[str, Any
                sweep_name: str, root: str, cluster: DictConfig, data: Tuple[str, Optional[str]],
                graph: Optional[str] = None) -> Cell:
     """One cell; `graph` is the workflow graph file a topology label stands for (None: a named topology)."""
-    identity = cell_id(point, extra)
     resources = resources_for(cluster, point["scale"])
     task = task_overrides(point["task"], point["scale"], *data, topology=point["topology"])
+    identity = cell_id({**point, "task": task["task"]}, extra)
     overrides = _merge(
         _budgets(point["task"], point["scale"], point["topology"]),
         _engine_placement(resources),

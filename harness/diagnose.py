@@ -1,7 +1,7 @@
 """Why did this run fail? Branch it before the failure into arms that each remove one mechanism,
 resample to know chance, and name the mechanism whose removal saves the run.
 
-    python -m harness.diagnose runs/repro_branch/voting-ip-math-tiny-m-s603-action=alert-setting=mb2 \\
+    python -m harness.diagnose runs/repro_branch/voting-ip-arith-tiny-m-s603-action=alert-setting=mb2 \\
         [--at label-15] [--mechanisms unshare_instances,slow_down] [--resamples 6] [--margin 20] [--dry-run]
 
 From the run's newest verified checkpoint at or before each branch point (`label-N`: N steps before

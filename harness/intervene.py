@@ -1,6 +1,6 @@
 """Test a diagnosis by intervening: branch a run at an alert into arms that differ only by a mitigation.
 
-    python -m harness.intervene runs/repro_mixed/voting-ip-math-tiny-m-s200-setting=mb2 \\
+    python -m harness.intervene runs/repro_mixed/voting-ip-arith-tiny-m-s200-setting=mb2 \\
         --at first-alert [--kind amplification] --arms none,matched,control [--steps N] [--prepare-only]
 
 Each arm is an ordinary cell, `<cell>@<K>+<arm>`, in the folder `<sweep>-interventions` beside the

@@ -2,7 +2,7 @@
 reader sees: the test suite checks the pages this way, and the screenshots in docs/ are made by it
 from a real run, so they always show what today's reports show.
 
-    python -m reports.screenshots runs/smoke [--cell voting-ip-math-tiny-m-s0] [--out docs]
+    python -m reports.screenshots runs/smoke [--cell voting-ip-arith-tiny-m-s0] [--out docs]
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def open_in_chromium(url: str, screenshot: Path, width: int = 1200, height: int 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", type=Path, help="a sweep directory whose runs have ended")
-    parser.add_argument("--cell", default="voting-ip-math-tiny-m-s0", help="the run whose report is shown")
+    parser.add_argument("--cell", default="voting-ip-arith-tiny-m-s0", help="the run whose report is shown")
     parser.add_argument("--out", type=Path, default=Path("docs"))
     args = parser.parse_args(argv)
     from reports.run_report import build_run_report

@@ -39,12 +39,12 @@ def test_mean_ci_matches_a_hand_computed_t_interval():
 def test_comparison_pairs_every_cell_with_its_baseline(sweep):
     result = compare(sweep)
     gains = result["gains"]
-    assert sorted(gains["cell_id"]) == sorted(f"voting-{s}-math-tiny-m-s{seed}" for s in ("sp", "ip") for seed in (0, 1))
+    assert sorted(gains["cell_id"]) == sorted(f"voting-{s}-arith-tiny-m-s{seed}" for s in ("sp", "ip") for seed in (0, 1))
     metrics = load_metrics(sweep, columns=["val/accuracy"])
     final = {Path(r).name: g.dropna().sort_values("step")["val/accuracy"].iloc[-1]
              for r, g in metrics.groupby("run_dir")}
     for _, row in gains.iterrows():
-        assert row["baseline_id"] == f"single-math-tiny-m-s{row['seed']}"
+        assert row["baseline_id"] == f"single-arith-tiny-m-s{row['seed']}"
         assert math.isclose(row["gain_final"], final[row["cell_id"]] - final[row["baseline_id"]])
     for _, row in gains.iterrows():  # failure modes from the labels; each alert kind beside them, first step
         labels = sorted(label_run(Path(row["run_dir"])), key=lambda l: (l.step, l.kind))
@@ -103,13 +103,13 @@ def test_notebook_runs_as_jupyter_runs_it(sweep, tmp_path, monkeypatch):
     tables = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     grid = next(t for t in tables if "tiny-m" in t and "(n=2)" in t)  # topology x sharing by scale, over 2 seeds
     assert "voting" in grid and ">ip<" in grid and ">sp<" in grid
-    assert any("voting-ip-math-tiny-m-s1" in t and "gain_final" in t for t in tables)  # the per-cell gains
+    assert any("voting-ip-arith-tiny-m-s1" in t and "gain_final" in t for t in tables)  # the per-cell gains
     assert sum(o.output_type == "display_data" and "image/png" in o.get("data", {}) for o in outputs) >= 3
     assert (tmp_path / "heatmap_math.png").is_file() and (tmp_path / "roles.png").is_file()
 
 
 def test_run_and_sweep_reports_render_in_chromium(sweep, tmp_path):
-    run = sweep / "voting-ip-math-tiny-m-s0"
+    run = sweep / "voting-ip-arith-tiny-m-s0"
     assert (run / "report" / "index.html").is_file()  # written automatically when the cell ended
     assert (run / "report" / "report.md").is_file() and (run / "report" / "roles.png").is_file()
     index = build_sweep_report(sweep)
@@ -121,7 +121,7 @@ def test_run_and_sweep_reports_render_in_chromium(sweep, tmp_path):
     linked = [Path(href.removeprefix("file://")) for href in seen["links"] if href.startswith("file://")]
     assert len({p for p in linked if p.name == "index.html"}) == 6 and all(p.is_file() for p in linked)
     text = index.read_text()
-    assert "voting-ip-math-tiny-m-s0" in text and "amplification" in text and "[95% CI]" in text
+    assert "voting-ip-arith-tiny-m-s0" in text and "amplification" in text and "[95% CI]" in text
     md = (sweep / "report" / "report.md").read_text()
     assert "![heatmap_math](heatmap_math.png)" in md and (sweep / "report" / "heatmap_math.png").is_file()
 
@@ -166,7 +166,7 @@ def test_sweep_report_tables_read_like_a_person_wrote_them(sweep):
 def test_run_report_shows_each_policys_steps_and_drift(sweep):
     """What the amplification alert quotes is in the run report: the IP voter adapter takes its three
     voters' optimizer steps to the aggregator's one, and every adapter has moved by the end."""
-    md = (sweep / "voting-ip-math-tiny-m-s0" / "report" / "report.md").read_text()
+    md = (sweep / "voting-ip-arith-tiny-m-s0" / "report" / "report.md").read_text()
     rows = {r["policy"]: r for r in _md_section_table(md, "## Policies early vs late")}
     assert set(rows) == {"aggregator", "voter"}
     assert float(rows["voter"]["optimizer steps early"]) == 3 * float(rows["aggregator"]["optimizer steps early"])
@@ -177,7 +177,7 @@ def test_run_report_shows_each_policys_steps_and_drift(sweep):
     verdict = md.split("**Verdict:** ", 1)[1].splitlines()[0]
     assert verdict.startswith("finished at step ") and ("healthy" in verdict or "failed: " in verdict)
     assert "detectors watched" in verdict
-    assert (sweep / "voting-ip-math-tiny-m-s0" / "report" / "policies.png").is_file()
+    assert (sweep / "voting-ip-arith-tiny-m-s0" / "report" / "policies.png").is_file()
     assert "## Per-policy drift and optimizer steps" in md
 
 
@@ -213,7 +213,7 @@ def test_a_setting_the_baselines_share_is_part_of_the_pairing():
 
 def test_model_text_is_escaped_in_reports(sweep, tmp_path):
     run = tmp_path / "hostile"
-    shutil.copytree(sweep / "voting-sp-math-tiny-m-s1", run)
+    shutil.copytree(sweep / "voting-sp-arith-tiny-m-s1", run)
     samples = [json.loads(l) for l in (run / "samples.jsonl").read_text().splitlines()]
     samples[0]["turns"][0]["response"] = "<script>alert('pwned')</script><img src=x onerror=alert(2)>"
     (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -292,7 +292,7 @@ def test_each_detectors_signal_is_drawn_against_its_threshold_as_it_judged(sweep
     from analysis.signals import signal_trace
     from harness.run_dir import read_jsonl
 
-    run = sweep / "voting-ip-math-tiny-m-s0"
+    run = sweep / "voting-ip-arith-tiny-m-s0"
     trace = signal_trace(run)
     amplification = trace[trace["detector"] == "amplification"]
     assert len(amplification) and set(amplification["fires"]) == {"above"}

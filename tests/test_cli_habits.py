@@ -82,7 +82,7 @@ def test_status_shows_the_sweep_as_it_was_launched(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "status of the sweep as launched at then: " + " ".join(launched) in out
     rows = [line.split() for line in out.splitlines() if line.startswith(("voting-", "single-", "eval_opt-"))]
-    assert {row[0] for row in rows} == {"voting-sp-math-tiny-m-s0", "voting-ip-math-tiny-m-s0", "single-math-tiny-m-s0"}
+    assert {row[0] for row in rows} == {"voting-sp-arith-tiny-m-s0", "voting-ip-arith-tiny-m-s0", "single-arith-tiny-m-s0"}
     assert all(row[2] == "0/10" for row in rows)  # not the sweep file's 20 steps
     # an override given now wins over the stored one
     assert launch_main([f"root={root}", "sweep=smoke", "action=status", "sweep.cell.steps=12"]) == 0
@@ -170,6 +170,6 @@ def test_a_local_sweep_shows_the_warm_up_before_its_cells_start(tmp_path, capsys
     assert launch_main(one) == 0
     out = capsys.readouterr().out
     assert "[models] warming up tiny-m on task arith" in out and "[warmup] done in" in out
-    assert out.index("[warmup] done in") < out.index("started voting-ip-math-tiny-m-s0")
+    assert out.index("[warmup] done in") < out.index("started voting-ip-arith-tiny-m-s0")
     log = next((root / "smoke" / ".submitit").glob("*_0_log.out")).read_text()
     assert "[models] warming up" not in log  # the cell found it cached

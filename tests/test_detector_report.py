@@ -243,8 +243,8 @@ def test_a_slice_of_the_repro_sweep_runs_and_is_scored(tmp_path, warm_model_dir)
     for cell in load_cells(results):  # the operating curve's replay of one warning at its defaults: the same too
         for kind in ("amplification", "capture warning", "length_drift", "collapse warning"):
             assert first_alert(kind, default_setting(kind), cell) == cell.outcome.first_alert.get(kind)
-    assert sorted(r.cell_id for r in results) == ["single-math-tiny-m-s0-setting=fast",
-                                                  "voting-ip-math-tiny-m-s0-mitigation=none-setting=fast"]
+    assert sorted(r.cell_id for r in results) == ["single-arith-tiny-m-s0-setting=fast",
+                                                  "voting-ip-arith-tiny-m-s0-mitigation=none-setting=fast"]
     for r in results:  # labels come from the run's own validation curve
         validations = [m for m in read_jsonl(r.run_dir / "metrics.jsonl") if "val/accuracy" in m]
         assert len(validations) == 4 and all("val/accuracy_se" in m for m in validations)

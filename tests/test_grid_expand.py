@@ -24,11 +24,11 @@ def test_full_matrix_is_the_seed_study_design():
     for c in multi:  # every multi-agent cell is paired with the baseline of its (scale, task, seed)
         b = baselines[c.baseline_id]
         assert (b.axes["scale"], b.axes["task"], b.axes["seed"]) == (c.axes["scale"], c.axes["task"], c.axes["seed"])
-    cell = next(c for c in multi if c.cell_id == "voting-ip-code-qwen3-1.7b-s1")
+    cell = next(c for c in multi if c.cell_id == "voting-ip-deepcoder-qwen3-1.7b-s1")
     # the study's data: DeepCoder split as the study split it, validated on its 1000 held-out problems
     assert cell.overrides["task"] == "deepcoder" and cell.overrides["val_problems"] == 1000
     assert cell.overrides["data"]["split"] == "hf" and cell.overrides["data"]["test_size"] == 1000
-    math_cell = next(c for c in multi if c.cell_id == "voting-ip-math-qwen3-1.7b-s1")
+    math_cell = next(c for c in multi if c.cell_id == "voting-ip-dapo-math-qwen3-1.7b-s1")
     assert (math_cell.overrides["task"], math_cell.overrides["data"]["val_task"]) == ("dapo-math", "aime")
     assert math_cell.overrides["data"]["path"].endswith("dapo_math_17k_processed_en.parquet")
     assert cell.overrides["model"]["lora_rank"] == 64
@@ -40,7 +40,8 @@ def test_full_matrix_is_the_seed_study_design():
     assert (algo["weight_decay"], algo["adam_betas"], algo["adv_grouping"]) == (0.01, [0.9, 0.999], "trajectory")
     offline = expand(compose(["sweep=full_matrix_offline"]).sweep, cfg.cluster, "runs")
     assert {c.overrides["task"] for c in offline} == {"gsm8k", "humaneval"}
-    assert {c.cell_id for c in offline} == {c.cell_id for c in cells if c.axes["seed"] == 0}
+    assert {tuple(c.axes.items()) for c in offline} == {tuple(c.axes.items()) for c in cells if c.axes["seed"] == 0}
+    assert {c.cell_id.split("-s0")[0].split("-qwen3")[0].rsplit("-", 1)[-1] for c in offline} == {"gsm8k", "humaneval"}
     assert cell.resources.gpus == 2 and cell.resources.mem_gb == 128
     # Qwen3 scales train on engine=verl over all the cell's GPUs, with the task's token budgets
     assert cell.overrides["engine"] == "verl" and cell.overrides["verl"]["gpus_per_policy"] == 2
@@ -48,11 +49,11 @@ def test_full_matrix_is_the_seed_study_design():
     # the study's responses: code 2048 tokens, math 5120, for every role; vLLM holds prompt + response
     assert cell.overrides["workflow"]["max_new_tokens"] == 2048 and "role_max_new_tokens" not in cell.overrides["workflow"]
     assert cell.overrides["verl"]["rollout_max_model_len"] == 12288
-    math_orch = next(c for c in multi if c.cell_id == "orch_workers-sp-math-qwen3-4b-s0")
+    math_orch = next(c for c in multi if c.cell_id == "orch_workers-sp-dapo-math-qwen3-4b-s0")
     assert math_orch.overrides["workflow"]["max_new_tokens"] == 5120
     assert math_orch.overrides["verl"]["rollout_max_model_len"] == 25600
-    assert next(c for c in multi if c.cell_id == "eval_opt-ip-math-qwen3-4b-s0").overrides["verl"]["rollout_max_model_len"] == 35840
-    assert baselines["single-math-qwen3-4b-s0"].overrides["verl"]["rollout_max_model_len"] == 20480
+    assert next(c for c in multi if c.cell_id == "eval_opt-ip-dapo-math-qwen3-4b-s0").overrides["verl"]["rollout_max_model_len"] == 35840
+    assert baselines["single-dapo-math-qwen3-4b-s0"].overrides["verl"]["rollout_max_model_len"] == 20480
     assert math_orch.overrides["verl"]["gpus_per_policy"] == 4
     again = expand(compose(["sweep=full_matrix", "sweep.axes.seed=[0,1]"]).sweep, cfg.cluster, "runs")
     assert [c.cell_id for c in again] == [c.cell_id for c in cells]  # stable ids
@@ -62,9 +63,9 @@ def test_smoke_maps_math_to_the_tiny_task_and_extra_axes_compose():
     cfg = compose(["sweep=smoke", "+sweep.extra_axes.mitigation={none:{},balanced:{algo:{loss_agg:role-balanced}}}"])
     cells = expand(cfg.sweep, cfg.cluster, "runs")
     assert len(cells) == 13  # (3 topologies x 2 sharing) x 2 mitigations + 1 baseline
-    balanced = next(c for c in cells if c.cell_id == "voting-ip-math-tiny-m-s0-mitigation=balanced")
+    balanced = next(c for c in cells if c.cell_id == "voting-ip-arith-tiny-m-s0-mitigation=balanced")
     assert balanced.overrides["task"] == "arith" and balanced.overrides["algo"]["loss_agg"] == "role-balanced"
-    assert balanced.baseline_id == "single-math-tiny-m-s0"
+    assert balanced.baseline_id == "single-arith-tiny-m-s0"
     assert "engine" not in balanced.overrides and "role_max_new_tokens" not in balanced.overrides.get("workflow", {})
 
 
@@ -84,7 +85,7 @@ def test_dry_run_prints_42_cells_with_gpu_resources():
     assert "42 cells: 36 multi-agent + 6 single-agent baselines" in lines[-1]
     # header, 42 cells, the measured estimate (or why there is none: no GPU figures kept), summary
     assert len(lines) == 45 and ("GPU-hours estimate" in lines[-2] or lines[-2].startswith("estimate:"))
-    assert any("voting-sp-math-qwen3-4b-s0" in l and "1n 4g 32c 256G 1440m  96 " in l for l in lines)
+    assert any("voting-sp-dapo-math-qwen3-4b-s0" in l and "1n 4g 32c 256G 1440m  96 " in l for l in lines)
     # GPU-hours reserved: each cell's GPUs x its time limit (0.6b 1 x 12 h, 1.7b 2 x 18 h, 4b 4 x 24 h),
     # 14 cells per scale (2 tasks x (6 multi-agent + 1 baseline)), summed in the last line
     per_cell = [float(l.split()[line_gpu_column(lines)]) for l in lines[1:-2]]
@@ -94,10 +95,10 @@ def test_dry_run_prints_42_cells_with_gpu_resources():
 def test_study_profile_puts_every_qwen3_cell_on_2_gpus_of_its_type_with_that_types_token_budget():
     cfg = compose(["sweep=full_matrix", "cluster=study"])
     cells = {c.cell_id: c for c in expand(cfg.sweep, cfg.cluster, "runs")}
-    big, small = cells["voting-ip-math-qwen3-4b-s0"], cells["voting-ip-math-qwen3-0.6b-s0"]
+    big, small = cells["voting-ip-dapo-math-qwen3-4b-s0"], cells["voting-ip-dapo-math-qwen3-0.6b-s0"]
     assert (big.resources.gpus, big.resources.gpu_type, small.resources.gpus, small.resources.gpu_type) == (2, "h100", 2, "l40s")
     assert big.overrides["verl"]["max_token_len_per_gpu"] == 40960 and small.overrides["verl"]["max_token_len_per_gpu"] == 28672
-    assert cells["single-code-qwen3-1.7b-s0"].overrides["verl"]["max_token_len_per_gpu"] == 23554
+    assert cells["single-deepcoder-qwen3-1.7b-s0"].overrides["verl"]["max_token_len_per_gpu"] == 23554
     from grid.submit import _slurm_parameters
 
     launcher = OmegaConf.create({"array_parallelism": 4})
@@ -107,7 +108,7 @@ def test_study_profile_puts_every_qwen3_cell_on_2_gpus_of_its_type_with_that_typ
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert any("voting-ip-math-qwen3-4b-s0" in l and "1n 2g h100 16c 256G 1440m  48 " in l for l in lines)
+    assert any("voting-ip-dapo-math-qwen3-4b-s0" in l and "1n 2g h100 16c 256G 1440m  48 " in l for l in lines)
     assert "2016 GPU-hours reserved" in lines[-1]  # 42 cells x 2 GPUs x 24 h
 
 
@@ -139,7 +140,7 @@ def line_gpu_column(lines):
     (["sweep=smoke", "action=diagnose", "diagnose.resamples=few"], "diagnose.resamples: Value 'few'"),
     (["sweep=smoke", "steps=3"], "'steps' is a cell setting: write sweep.cell.steps=3"),
     (["sweep=smoke", "sweep.cell.lr=0.01"], "unknown cell key 'lr' in sweep.cell.lr; did you mean algo.lr?"),
-    (["sweep=smoke", "sweep.cell.steps=many"], "cell single-math-tiny-m-s0: bad cell config"),
+    (["sweep=smoke", "sweep.cell.steps=many"], "cell single-arith-tiny-m-s0: bad cell config"),
     (["sweep=smoke", "sweep.axes.seed=[abc]"], "sweep.axes.seed must be non-negative integers, got abc"),
     (["sweep=smoke", "+sweep.cell.algo.lr=nan"], "algo.lr must be a finite number > 0, got nan"),
     (["sweep=smoke", "sweep.axes.scale=[qwen3-0.6b]", "sweep.axes.task=[arith]"], "needs a local checkpoint"),
@@ -194,7 +195,7 @@ def test_the_lr_spike_sweep_spikes_only_its_induced_cells_never_a_baseline():
         assert (algo.get("lr_spike_factor"), algo.get("lr_spike_steps")) == ((5.0, 10) if spiked else (None, None))
         if not c.is_baseline:  # the reference is the unspiked single agent of the same seed
             reference = c.overrides["monitors"]["reference_run"]
-            assert reference == f"/runs/repro_lr_spike/single-math-tiny-m-s{c.axes['seed']}"
+            assert reference == f"/runs/repro_lr_spike/single-arith-tiny-m-s{c.axes['seed']}"
     assert sum(c.is_baseline for c in cells) == 5
     check_cells(cells[:2], strict=True)
 
@@ -209,10 +210,10 @@ def test_repro_controls_add_new_seeds_of_repros_default_voting_controls_to_its_d
     for c in controls:
         if not c.is_baseline:
             assert c.overrides["monitors"]["reference_run"] == \
-                f"/runs/repro/single-math-tiny-m-s{c.axes['seed']}-setting=default"
+                f"/runs/repro/single-arith-tiny-m-s{c.axes['seed']}-setting=default"
     # the same cells as repro's default-lr Voting controls, at other seeds
-    twin = next(c for c in repro if c.cell_id == "voting-ip-math-tiny-m-s20-mitigation=none-setting=default")
-    mine = next(c for c in controls if c.cell_id == "voting-ip-math-tiny-m-s25-mitigation=none-setting=default")
+    twin = next(c for c in repro if c.cell_id == "voting-ip-arith-tiny-m-s20-mitigation=none-setting=default")
+    mine = next(c for c in controls if c.cell_id == "voting-ip-arith-tiny-m-s25-mitigation=none-setting=default")
     strip = lambda o: {k: v for k, v in o.items() if k not in ("seed", "cell_id", "monitors")}
     assert strip(mine.overrides) == strip(twin.overrides)
 
@@ -231,18 +232,18 @@ def test_repro_lists_mitigations_excludes_where_they_cannot_act_and_points_at_th
                            ("voting", "ip", "none", "default"), ("voting", "sp", "none", "default"),
                            ("eval_opt", "ip", "none", "default"), ("eval_opt", "sp", "none", "default"),
                            ("eval_opt", "sp", "role_balanced", "default")])
-    scaled = next(c for c in cells if c.cell_id == "voting-ip-math-tiny-m-s20-mitigation=role_count_scaling-setting=fast")
+    scaled = next(c for c in cells if c.cell_id == "voting-ip-arith-tiny-m-s20-mitigation=role_count_scaling-setting=fast")
     assert scaled.overrides["mitigation"] == "role_count_scaling"
     assert (scaled.overrides["algo"]["lr"], scaled.overrides["algo"]["ppo_mini_batch_size"]) == (1.5e-3, 2)
     # the paired baseline shares the setting axis (trained the same way) but not the mitigation
-    assert scaled.overrides["monitors"]["reference_run"] == "/runs/repro/single-math-tiny-m-s20-setting=fast"
-    baseline = next(c for c in cells if c.cell_id == "single-math-tiny-m-s20-setting=fast")
+    assert scaled.overrides["monitors"]["reference_run"] == "/runs/repro/single-arith-tiny-m-s20-setting=fast"
+    baseline = next(c for c in cells if c.cell_id == "single-arith-tiny-m-s20-setting=fast")
     assert (baseline.overrides["algo"]["lr"], baseline.overrides["algo"]["ppo_mini_batch_size"]) == (1.5e-3, 2)
     assert "reference_run" not in baseline.overrides.get("monitors", {})
     assert [c.cell_id for c in cells].index(baseline.cell_id) < [c.cell_id for c in cells].index(scaled.cell_id)
-    control = next(c for c in cells if c.cell_id == "eval_opt-sp-math-tiny-m-s20-mitigation=none-setting=default")
+    control = next(c for c in cells if c.cell_id == "eval_opt-sp-arith-tiny-m-s20-mitigation=none-setting=default")
     assert "lr" not in control.overrides.get("algo", {})  # the default update
-    assert control.baseline_id == "single-math-tiny-m-s20-setting=default"
+    assert control.baseline_id == "single-arith-tiny-m-s20-setting=default"
     assert "lr" not in next(c for c in cells if c.cell_id == control.baseline_id).overrides.get("algo", {})
     check_cells(cells[:3], strict=True)
 
@@ -253,7 +254,7 @@ def test_paired_axes_must_name_extra_axes():
         expand(cfg.sweep, cfg.cluster, "runs")
     cfg = compose(["sweep=repro", "sweep.paired_axes=[]"])  # unpaired: one baseline a seed for both settings
     baselines = [c.cell_id for c in expand(cfg.sweep, cfg.cluster, "runs") if c.is_baseline]
-    assert sorted(baselines) == [f"single-math-tiny-m-s{seed}" for seed in range(20, 25)]
+    assert sorted(baselines) == [f"single-arith-tiny-m-s{seed}" for seed in range(20, 25)]
 
 
 def test_a_bad_exclusion_or_extra_axis_is_one_clear_error():
@@ -278,15 +279,15 @@ def test_a_graph_file_on_the_topology_axis_expands_into_cells_named_by_its_stem(
     axis = ["sweep=smoke", "sweep.axes.topology=[flows/my_flow.yaml,voting]", "+sweep.exclude=[{topology: my_flow, sharing: sp}]"]
     assert main([f"root={tmp_path / 'runs'}", *axis, "dry_run=true"]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:-1]}
-    assert set(rows) == {"my_flow-ip-math-tiny-m-s0", "voting-sp-math-tiny-m-s0", "voting-ip-math-tiny-m-s0",
-                         "single-math-tiny-m-s0"}  # the graph's sp cell excluded by its label
+    assert set(rows) == {"my_flow-ip-arith-tiny-m-s0", "voting-sp-arith-tiny-m-s0", "voting-ip-arith-tiny-m-s0",
+                         "single-arith-tiny-m-s0"}  # the graph's sp cell excluded by its label
     assert all(row.rstrip().endswith(" ok") for row in rows.values())
     assert not (tmp_path / "runs").exists()
     cfg = compose(axis)
-    cell = next(c for c in expand(cfg.sweep, cfg.cluster, "runs") if c.cell_id == "my_flow-ip-math-tiny-m-s0")
+    cell = next(c for c in expand(cfg.sweep, cfg.cluster, "runs") if c.cell_id == "my_flow-ip-arith-tiny-m-s0")
     # the cell runs the file wherever its job starts; its axes and baseline read as the named topologies' do
     assert cell.overrides["topology"] == str(tmp_path.resolve() / "flows" / "my_flow.yaml")
-    assert cell.axes["topology"] == "my_flow" and cell.baseline_id == "single-math-tiny-m-s0"
+    assert cell.axes["topology"] == "my_flow" and cell.baseline_id == "single-arith-tiny-m-s0"
 
 
 def test_a_graph_file_named_like_a_topology_or_like_another_file_or_broken_is_one_error(tmp_path):
@@ -310,7 +311,7 @@ def test_a_graph_files_cell_from_the_sweep_trains(tmp_path, warm_model_dir):
                    "sweep.cell.steps=2", "sweep.cell.val_every=1", "sweep.cell.val_problems=4", f"root={tmp_path}"])
     [cell] = expand(cfg.sweep, cfg.cluster, str(tmp_path))
     run_cell(config_from_dict({**cell.overrides, "wandb": {"enabled": False}, "report": False}), log=lambda *_: None)
-    run = tmp_path / "smoke" / "my_flow-ip-math-tiny-m-s0"
+    run = tmp_path / "smoke" / "my_flow-ip-arith-tiny-m-s0"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1] and "role/judge/accuracy" in metrics[-1]
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
@@ -320,8 +321,8 @@ def test_the_unitymas_sweep_takes_the_papers_sharing_on_its_axis():
     cfg = compose(["sweep=unitymas", "sweep.axes.sharing=[paper]", "sweep.axes.scale=[tiny-s]"])
     cells = expand(cfg.sweep, cfg.cluster, "runs")
     assert sorted(c.cell_id for c in cells if not c.is_baseline) == [
-        "mask_search-paper-search-tiny-s-s0", "qd_retrieve_answer-paper-search-tiny-s-s0",
-        "qd_retrieve_evidence_answer-paper-search-tiny-s-s0", "reflective_code-paper-verified_code-tiny-s-s0"]
+        "mask_search-paper-qa-synth-tiny-s-s0", "qd_retrieve_answer-paper-qa-synth-tiny-s-s0",
+        "qd_retrieve_evidence_answer-paper-qa-synth-tiny-s-s0", "reflective_code-paper-code-synth-tiny-s-s0"]
     check_cells(cells, strict=True)
 
 
@@ -380,3 +381,25 @@ def test_an_axis_given_as_a_dict_replaces_the_sweeps_values():
     assert ids and not any("mitigate" in i for i in ids)
     kept = compose(["sweep=repro_branch", "sweep.axes.seed=[600]"])
     assert sorted(kept.sweep.extra_axes.action) == ["alert", "mitigate"]
+
+
+def test_cell_ids_name_the_task_the_cell_runs():
+    """The `math` axis trains arith on a tiny model and DAPO-Math on Qwen3 with the study's data: the id
+    says which. Two task axes that run one task at a scale are one run; an id two different cells would
+    share is an error, never a cell silently dropped."""
+    cfg = compose(["sweep=smoke"])
+    cells = expand(cfg.sweep, cfg.cluster, "runs")
+    assert all(f"-{c.overrides['task']}-" in c.cell_id for c in cells)
+    assert {c.cell_id for c in cells if c.is_baseline} == {"single-arith-tiny-m-s0"}
+    assert all(c.axes["task"] == "math" for c in cells)  # tables still group by the axis
+    both = expand(compose(["sweep=smoke", "sweep.axes.task=[math,arith]"]).sweep, cfg.cluster, "runs")
+    assert sorted(c.cell_id for c in both) == sorted(c.cell_id for c in cells)
+    from dataclasses import replace
+
+    from grid.expand import _add
+
+    one = next(c for c in both if c.cell_id == "voting-ip-arith-tiny-m-s0")
+    other = replace(one, axes={**one.axes, "task": "arith"}, overrides={**one.overrides, "steps": 7})
+    with pytest.raises(GridError, match="two cells of the sweep would both be voting-ip-arith-tiny-m-s0 with different "
+                                        "settings \\(task axes math and arith\\)"):
+        _add({one.cell_id: one}, other)

@@ -152,7 +152,7 @@ def test_cancelled_cell_resumes_on_the_next_launch(tmp_path, warm_model_dir, slu
     one = ["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.sharing=[ip]", "sweep.baseline=false",
            "sweep.cell.steps=60", "sweep.cell.ckpt_every=5"]
     assert launch(tmp_path, *one).returncode == 0
-    metrics = tmp_path / "smoke" / "voting-ip-math-tiny-m-s0" / "metrics.jsonl"
+    metrics = tmp_path / "smoke" / "voting-ip-arith-tiny-m-s0" / "metrics.jsonl"
     _wait(lambda: len(read_jsonl(metrics)) >= 12, 240, "12 logged steps")
     [job] = [e["job_id"] for e in ledger(tmp_path).values()]
     subprocess.run(["scancel", job], check=True)
@@ -170,8 +170,8 @@ def test_cancelled_cell_resumes_on_the_next_launch(tmp_path, warm_model_dir, slu
     assert again.returncode == 0, again.stdout + again.stderr
     assert [e["job_id"] for e in ledger(tmp_path).values()] != [job]
     assert [m["step"] for m in read_jsonl(metrics)] == list(range(60))  # no lost, no duplicated step
-    log = Path(ledger(tmp_path)["voting-ip-math-tiny-m-s0"]["stderr"]).with_suffix(".out")
-    assert "resuming voting-ip-math-tiny-m-s0 from step" in log.read_text()
+    log = Path(ledger(tmp_path)["voting-ip-arith-tiny-m-s0"]["stderr"]).with_suffix(".out")
+    assert "resuming voting-ip-arith-tiny-m-s0 from step" in log.read_text()
 
 
 @pytest.mark.parametrize("ray_up", ["never", "always"])
@@ -184,10 +184,10 @@ def test_verl_cell_runs_on_slurm(tmp_path, warm_model_dir, slurm_cluster, ray_up
     proc = launch(tmp_path, *args, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "summary: 1 finished" in proc.stdout
-    run = tmp_path / "smoke" / "voting-ip-math-tiny-m-s0"
+    run = tmp_path / "smoke" / "voting-ip-arith-tiny-m-s0"
     assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(4))
     assert "engine: verl" in (run / "cell.yaml").read_text()
-    err_path = Path(ledger(tmp_path)["voting-ip-math-tiny-m-s0"]["stderr"])
+    err_path = Path(ledger(tmp_path)["voting-ip-arith-tiny-m-s0"]["stderr"])
     assert ("ray-up: cluster at" in err_path.read_text()) == (ray_up == "always")
 
 
@@ -226,8 +226,8 @@ def test_time_limited_cell_requeues_and_finishes(tmp_path, warm_model_dir, slurm
     proc = subprocess.Popen(LAUNCH + [f"root={tmp_path}", "launcher=slurm", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait(lambda: "single-math-tiny-m-s0" in _ledger_so_far(tmp_path), 300, "the cell's submission")
-        entry = ledger(tmp_path)["single-math-tiny-m-s0"]
+        _wait(lambda: "single-arith-tiny-m-s0" in _ledger_so_far(tmp_path), 300, "the cell's submission")
+        entry = ledger(tmp_path)["single-arith-tiny-m-s0"]
         err_path = Path(entry["stderr"])
         out_path = err_path.with_suffix(".out")  # submitit logs its INFO lines (the requeue) to stdout
         _wait(lambda: out_path.is_file() and "Requeued job" in out_path.read_text(), 600,
@@ -238,11 +238,11 @@ def test_time_limited_cell_requeues_and_finishes(tmp_path, warm_model_dir, slurm
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out + err
-    run = tmp_path / "smoke" / "single-math-tiny-m-s0"
+    run = tmp_path / "smoke" / "single-arith-tiny-m-s0"
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
     assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(steps))
     log = out_path.read_text()
-    assert "resuming single-math-tiny-m-s0 from step" in log
+    assert "resuming single-arith-tiny-m-s0 from step" in log
 
 
 def test_ray_comes_up_across_the_allocation_and_goes_down_with_it(tmp_path, slurm_cluster):

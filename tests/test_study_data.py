@@ -220,7 +220,7 @@ def test_full_matrix_on_the_study_files_under_a_data_root_dry_runs_clean_and_tra
              "+sweep.cell.report=false", "+sweep.cell.wandb={enabled:false}"]
     run = subprocess.run(base + small, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    cell_dir = tmp_path / "runs" / "full_matrix" / "voting-ip-math-qwen3-tok-s0"
+    cell_dir = tmp_path / "runs" / "full_matrix" / "voting-ip-dapo-math-qwen3-tok-s0"
     metrics = [json.loads(line) for line in (cell_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1] and all("val/accuracy" in m for m in metrics)
     samples = [json.loads(line) for line in (cell_dir / "samples.jsonl").read_text().splitlines()]

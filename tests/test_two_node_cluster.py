@@ -16,7 +16,7 @@ from harness.run_dir import read_jsonl
 from tests.conftest import REPO
 from tests.test_grid_slurm import LAUNCH
 
-CELL = "voting-ip-math-tiny-m-s0"
+CELL = "voting-ip-arith-tiny-m-s0"
 SPAN = ["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.sharing=[ip]", "sweep.baseline=false",
         "sweep.cell.steps=6", "sweep.cell.ckpt_every=2", "sweep.cell.val_every=3", "+sweep.cell.engine=verl",
         "+sweep.cell.verl.placement=per_node", "cluster.resources.tiny-m.nodes=2", "wait=true"]

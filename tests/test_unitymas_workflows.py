@@ -266,10 +266,10 @@ def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tm
     assert "## Workflows as UnityMAS-O reports them" in (report.parent / "report.md").read_text()
     # the loops' length over training: the sweep's figure and the run reports' of the looping workflows
     assert "Loop rounds over training" in text and (report.parent / "loops.png").stat().st_size > 5000
-    for looping in ("reflective_code-ip-verified_code-tiny-s-s0", "mask_search-ip-search-tiny-s-s0"):
+    for looping in ("reflective_code-ip-code-synth-tiny-s-s0", "mask_search-ip-qa-synth-tiny-s-s0"):
         run_report = tmp_path / "unitymas" / looping / "report"
         assert (run_report / "loops.png").is_file() and "Loop rounds over training" in (run_report / "index.html").read_text()
-    assert not (tmp_path / "unitymas" / "qd_retrieve_answer-ip-search-tiny-s-s0" / "report" / "loops.png").exists()
+    assert not (tmp_path / "unitymas" / "qd_retrieve_answer-ip-qa-synth-tiny-s-s0" / "report" / "loops.png").exists()
 
 
 def test_a_graph_brings_its_reward_weights_and_the_cell_overrides_them(tmp_path):

@@ -195,7 +195,7 @@ def test_full_matrix_without_the_data_lists_each_cells_missing_files_and_refuses
             and not r.startswith("estimate:")]  # the measured estimate's line sits before the summary
     assert len(rows) == 42
     for row in rows:
-        files = (["deepcoder_primeintellect.parquet"] if "-code-" in row else
+        files = (["deepcoder_primeintellect.parquet"] if "-deepcoder-" in row else
                  ["dapo_math_17k_processed_en.parquet", "aime_2025.parquet"])
         assert "missing data:" in row and all(f"$MARL_DATA_ROOT/{f}" in row for f in files), row
     refused = subprocess.run(launch + ["launcher=slurm"], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)

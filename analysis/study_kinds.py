@@ -267,11 +267,13 @@ def render_diagnosis(study: Study, rows: List[dict]) -> Dict[str, str]:
     from analysis.diagnosis import mechanism_tests, point_verdict, pooled_failures
 
     arms = _typed_arms(rows)
-    lines = []
+    lines, found_by_sharing = [], {}
     for (parent, start) in sorted({(r["parent"], r["start"]) for r in arms}):
         mine = [r for r in arms if (r["parent"], r["start"]) == (parent, start)]
         failure = {"kind": mine[0].get("failure_kind") or "failure", "step": mine[0].get("failure_step") or "?"}
-        lines.append(f"- `{parent}` ({mine[0].get('sharing')}): {point_verdict(mine, failure)['line']}")
+        verdict = point_verdict(mine, failure)
+        lines.append(f"- `{parent}` ({mine[0].get('sharing')}): {verdict['line']}")
+        found_by_sharing.setdefault(str(mine[0].get("sharing")), []).append(verdict["verdict"])
     tests = []
     listed = study.data.get("mechanisms") or {}
     for sharing, mechanisms in listed.items():
@@ -291,7 +293,27 @@ def render_diagnosis(study: Study, rows: List[dict]) -> Dict[str, str]:
                   for h in study.data.get("hypotheses", [])]
     return {"verdicts": "\n".join(lines) or "(no diagnosed run)",
             "mechanisms": to_markdown(pd.DataFrame(tests)) if tests else "(no mechanism tested)",
-            "hypotheses": "\n".join(hypotheses) or "(no hypotheses)"}
+            "hypotheses": "\n".join(hypotheses) or "(no hypotheses)",
+            "headline": _diagnosis_headline(study, arms, found_by_sharing, verdicts)}
+
+
+STUDY_ACCOUNT = {"ip": "amplification", "sp": "capture"}  # what the SP/IP study says makes each mode fail
+
+
+def _diagnosis_headline(study: Study, arms: List[dict], found: Dict[str, List[str]], verdicts: Dict[tuple, str]) -> str:
+    """The README's line: per sharing mode, what the counterfactuals named against the study's account,
+    then each hypothesis's worded result."""
+    from collections import Counter
+
+    cells = sum(len(v) for v in found.values())
+    per_mode = [f"{sharing.upper()}: " + ", ".join(f"{name} {count}" for name, count in Counter(named).most_common())
+                + f" (the study's account, {STUDY_ACCOUNT.get(sharing, '-')}: {named.count(STUDY_ACCOUNT.get(sharing))} of {len(named)})"
+                for sharing, named in sorted(found.items())]
+    tests = [f"{h['id']} ({h.get('sharing')}, {h.get('mechanism')}): "
+             + _verdict_word(verdicts.get((h.get("sharing"), h.get("mechanism")))) for h in study.data.get("hypotheses", [])]
+    return (f"on held-out seeds {seed_ranges(study.seeds('held_out'))} ({cells} failed cells diagnosed, {len(arms)} arms "
+            f"run), each cell's diagnosis: " + "; ".join(per_mode) + ". Across cells: " + "; ".join(tests)
+            + f" ([all tables](studies/{study.name}/results.md)).")
 
 
 register("interventions", collect_interventions, render_interventions)

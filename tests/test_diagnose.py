@@ -87,6 +87,11 @@ def test_resampled_none_arms_and_an_unshared_arm_branch_from_one_state(parent):
     assert re.search(r"\| ip\s+\| unshare_instances\s+\| 1\s+\|", blocks["mechanisms"])  # one failed run
     assert "not shown: on ip failures, unshare_instances saves more" in blocks["mechanisms"]  # no slow_down arm ran
     assert blocks["hypotheses"].startswith("- **H1** (un-sharing saves more): ")
+    # the README's line: each cell's diagnosis per sharing mode against the study's account, then the tests
+    named = json.loads((parent / "diagnosis.json").read_text())["points"][0]["verdict"]
+    assert blocks["headline"].startswith(f"on held-out seeds 0 (1 failed cells diagnosed, 4 arms run), each cell's "
+                                         f"diagnosis: IP: {named} 1 (the study's account, amplification: "
+                                         f"{int(named == 'amplification')} of 1). Across cells: H1 (ip, unshare_instances): not shown")
 
 
 @pytest.mark.parametrize("args,message", [

@@ -11,6 +11,9 @@
                     (harness.diagnose; diagnose.at=[label-15], diagnose.mechanisms, diagnose.limit), run them
                     as cells of <sweep>-diagnosis, then write each run's diagnosis.json; with dry_run=true the
                     plan and its cost in cell-steps
+    action=evaluate  score every ended cell's checkpoints as the study does (analysis.evaluate, resumable) as
+                    jobs of the launcher; evaluate.split=validation|held_out, evaluate.mode, evaluate.k,
+                    evaluate.samples, evaluate.problems; with dry_run=true what each cell would score
     dry_run=true    print the cells with their resources, GPU-hours reserved and checks; submit nothing
 
 Every axis can be overridden: `sweep.axes.seed=[0,1,2]`, `sweep.axes.topology=[voting,flows/my_flow.yaml]`
@@ -33,12 +36,13 @@ from omegaconf import DictConfig, OmegaConf
 if __package__ in (None, ""):  # `python grid/launch.py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from grid.evaluation import EvaluateOptions, evaluate  # noqa: E402
 from grid.expand import CONF_DIR, GridError, check_cells, choices, expand, table  # noqa: E402
 from grid.gpu_estimate import estimate_line, load_measurement  # noqa: E402
 from harness.report_hooks import build_report  # noqa: E402
 
 EXIT_BAD_INPUT = 2
-ACTIONS = ("launch", "status", "intervene", "diagnose")
+ACTIONS = ("launch", "status", "intervene", "diagnose", "evaluate")
 GROUPS = ("sweep", "launcher", "cluster")  # config groups: sweep=<name> picks grid/conf/sweep/<name>.yaml
 LAUNCH_RECORD = "launch.json"  # the overrides a sweep was launched with, beside its cells
 
@@ -69,12 +73,13 @@ class DiagnoseOptions:
 class LaunchOptions:
     """The launcher's own options, typed like a cell's config (grid/conf/launch.yaml sets them)."""
 
-    action: str = "launch"  # launch | status | intervene | diagnose
+    action: str = "launch"  # launch | status | intervene | diagnose | evaluate
     dry_run: bool = False
     root: str = "runs"
     wait: bool = False
     intervene: InterveneOptions = field(default_factory=InterveneOptions)
     diagnose: DiagnoseOptions = field(default_factory=DiagnoseOptions)
+    evaluate: EvaluateOptions = field(default_factory=EvaluateOptions)
 
 
 def check_launch_overrides(overrides: Sequence[str]) -> None:
@@ -497,6 +502,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cells = expand(cfg.sweep, cfg.cluster, cfg.root)
         if cfg.action == "diagnose":  # its dry run is the arms' plan, not the sweep's
             return diagnose(cells, cfg, argv)
+        if cfg.action == "evaluate":  # its dry run is the checkpoints each cell would score
+            return evaluate(cells, cfg)
         if cfg.dry_run:
             invalid = check_cells(cells, strict=False)
             print(table(cells))

@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import submitit
 
@@ -232,7 +232,13 @@ def sbatch_test_only(cluster, resources: Resources) -> None:
                         f"command: {' '.join(shlex.quote(a) for a in args)}")
 
 
-def submit_slurm(cells: List[Cell], cluster, launcher, ledger: Ledger) -> Dict[str, dict]:
+def cell_submission(cell: Cell) -> tuple:
+    """What a cell's job calls: train (or resume) the cell (another action passes its own, e.g. an evaluation)."""
+    return CellJob(), cell.overrides
+
+
+def submit_slurm(cells: List[Cell], cluster, launcher, ledger: Ledger,
+                 submission: Callable[[Cell], tuple] = cell_submission) -> Dict[str, dict]:
     by_shape: Dict[Resources, List[Cell]] = defaultdict(list)
     for cell in cells:
         by_shape[cell.resources].append(cell)
@@ -245,7 +251,7 @@ def submit_slurm(cells: List[Cell], cluster, launcher, ledger: Ledger) -> Dict[s
         executor.update_parameters(name=f"marl-{group[0].overrides['sweep']}",
                                    **_slurm_parameters(cluster, launcher, shape))
         with executor.batch():
-            jobs = [executor.submit(CellJob(), cell.overrides) for cell in group]
+            jobs = [executor.submit(*submission(cell)) for cell in group]
         for cell, job in zip(group, jobs):
             entries[cell.cell_id] = {"launcher": "slurm", "job_id": job.job_id, "folder": str(launcher.folder),
                                      "stderr": str(job.paths.stderr), "submitted": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -278,16 +284,18 @@ def warm_models(cells: List[Cell], log=print) -> None:
             log(f"[models] could not prepare {cfg.scale} for {cfg.task} here ({exc}); the cells will try themselves")
 
 
-def run_local(cells: List[Cell], launcher, ledger: Ledger, log=print) -> Dict[str, str]:
-    """Run cells as local processes, at most `parallelism` at once; block until all end."""
-    warm_models(cells, log)
+def run_local(cells: List[Cell], launcher, ledger: Ledger, log=print,
+              submission: Callable[[Cell], tuple] = cell_submission) -> Dict[str, str]:
+    """Run cells' jobs as local processes, at most `parallelism` at once; block until all end."""
+    if submission is cell_submission:
+        warm_models(cells, log)
     executor = submitit.AutoExecutor(folder=str(launcher.folder), cluster="local")
     executor.update_parameters(timeout_min=24 * 60)
     queue, running, outcome = list(cells), {}, {}
     while queue or running:
         while queue and len(running) < int(launcher.parallelism):
             cell = queue.pop(0)
-            job = executor.submit(CellJob(), cell.overrides)
+            job = executor.submit(*submission(cell))
             running[cell.cell_id] = job
             ledger.record({cell.cell_id: {"launcher": "local", "job_id": job.job_id, "folder": str(launcher.folder),
                                           "stderr": str(job.paths.stderr),

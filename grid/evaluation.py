@@ -1,0 +1,118 @@
+"""action=evaluate: score every ended cell's checkpoints as the study does (analysis/evaluate.py), as
+jobs of the sweep's own launcher: local processes, or SLURM jobs with each cell's resources.
+
+    python grid/launch.py sweep=full_matrix action=evaluate evaluate.split=held_out [dry_run=true]
+
+Each job scores only the checkpoints that have no row of the same mode, split, k and samples yet
+(analysis.evaluate's `--resume`), so a killed or requeued job, or a second launch, repeats nothing.
+The dry run lists what each cell would score; the jobs' ledger is `<sweep>/.grid/evaluate.json`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import submitit
+
+from grid.expand import Cell, GridError
+
+ENDED = ("finished", "stopped_early")
+
+
+@dataclass
+class EvaluateOptions:
+    """action=evaluate: how each checkpoint is scored (analysis/evaluate.py's options)."""
+
+    mode: str = "trained"  # trained | base | single_agent_transfer
+    split: str = "validation"  # validation | held_out (the training set's own held-out part: the study's math)
+    k: int = 1
+    samples: Optional[int] = None  # sampled episodes per problem; default: k
+    problems: int = 32
+    temperature: Optional[float] = None  # default: the run's algo.temperature
+
+
+class EvalJob(submitit.helpers.Checkpointable):
+    """The callable an evaluation job runs: one run's checkpoints, resumable. On a timeout or
+    preemption submitit requeues the same call, which skips the checkpoints already scored."""
+
+    def __call__(self, run: str, options: dict) -> str:
+        os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+        from analysis.evaluate import evaluate_run
+
+        rows = evaluate_run(Path(run), options["mode"], options["k"], options["samples"], options["problems"],
+                            temperature=options["temperature"], split=options["split"], resume=True)
+        return f"scored {len(rows)}"
+
+
+def checked_options(raw) -> dict:
+    """The evaluate.* options as analysis.evaluate takes them, or a GridError naming the valid choices."""
+    from analysis.evaluate import MODES, SPLITS
+
+    options = {key: raw.get(key) for key in EvaluateOptions.__dataclass_fields__}
+    options["samples"] = options["samples"] or options["k"]
+    if options["mode"] not in MODES:
+        raise GridError(f"unknown evaluate.mode '{options['mode']}'; valid choices: {', '.join(MODES)}")
+    if options["split"] not in SPLITS:
+        raise GridError(f"unknown evaluate.split '{options['split']}'; valid choices: {', '.join(SPLITS)}")
+    if options["k"] < 1 or options["samples"] < options["k"] or options["problems"] < 1:
+        raise GridError(f"evaluate.k and evaluate.problems must be >= 1 and evaluate.samples >= k (got k={options['k']}, "
+                        f"samples={options['samples']}, problems={options['problems']})")
+    return options
+
+
+def unscored(run: Path, options: dict) -> List[str]:
+    """The run's checkpoints without a scored row of these options (what a job would evaluate)."""
+    from analysis.evaluate import _stored, checkpoints_of
+
+    if options["mode"] == "base":
+        names = ["base"]
+    else:
+        names = [name for name, _, _ in checkpoints_of(run)]
+    same = (options["mode"], options["split"], options["k"], options["samples"])
+    done = {r["checkpoint"] for r in _stored(run) if r.get("status") == "ok" and
+            (r.get("mode"), r.get("split", "validation"), r.get("k"), r.get("samples")) == same}
+    return [name for name in names if name not in done]
+
+
+def evaluate(cells: Sequence[Cell], cfg, out=print) -> int:
+    """Submit one evaluation job per ended cell with checkpoints left to score; then the sweep report."""
+    from grid.submit import Ledger, read_status, run_local, submit_slurm
+
+    options = checked_options(cfg.evaluate)
+    sweep_dir = Path(cfg.root) / cfg.sweep.name
+    todo = []
+    for cell in cells:
+        run = sweep_dir / cell.cell_id
+        state = (read_status(run) or {}).get("state")
+        if state not in ENDED:
+            out(f"skip {cell.cell_id}: {state or 'not run'}, not ended")
+            continue
+        if options["mode"] == "single_agent_transfer" and cell.is_baseline:
+            continue
+        left = unscored(run, options)
+        out(f"{cell.cell_id}: {len(left)} checkpoint(s) to score{': ' + ', '.join(left) if left else ''}")
+        if left:
+            todo.append(cell)
+    total = f"{len(todo)} evaluation job(s) ({options['mode']}, split {options['split']}, pass@{options['k']} " \
+            f"of {options['samples']} samples on {options['problems']} problems)"
+    if cfg.dry_run or not todo:
+        out(f"{total}; {'dry run: nothing run' if cfg.dry_run else 'nothing to score'}")
+        return 0
+    ledger = Ledger(sweep_dir)
+    ledger.path = ledger.path.with_name("evaluate.json")
+
+    def submission(cell: Cell):
+        return EvalJob(), str(sweep_dir / cell.cell_id), options
+
+    out(total)
+    if cfg.launcher.name == "slurm":
+        entries = submit_slurm(todo, cfg.cluster, cfg.launcher, ledger, submission)
+        out(f"submitted {len(entries)} evaluation jobs to SLURM; rows go to each run's eval_results.jsonl")
+        return 0
+    outcome = run_local(todo, cfg.launcher, ledger, log=out, submission=submission)
+    from grid.launch import sweep_report
+
+    sweep_report(sweep_dir, out)
+    return 0 if all(str(v).startswith("scored") for v in outcome.values()) else 1

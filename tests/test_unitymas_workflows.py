@@ -254,8 +254,8 @@ def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tm
     section = text.split("Workflows: task metric and rounds")[1].split("Failure modes")[0]
     for topology in ("qd_retrieve_answer", "qd_retrieve_evidence_answer", "mask_search", "reflective_code"):
         assert f"{topology}-ip-" in section, topology
-        task, kind = ("code-synth", "verified_code") if topology == "reflective_code" else ("qa-synth", "search")
-        _check_run(tmp_path / "unitymas" / f"{topology}-ip-{kind}-tiny-s-s0", topology, task, "ip")
+        task = "code-synth" if topology == "reflective_code" else "qa-synth"
+        _check_run(tmp_path / "unitymas" / f"{topology}-ip-{task}-tiny-s-s0", topology, task, "ip")
     # 3 steps a cell: the first step against the last (never the same steps twice)
     assert "EM first 1" in section and "F1 last 1" in section and "rounds first 1" in section
     assert "all passed first 1" in section and "first vs last 1 steps" in section

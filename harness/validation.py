@@ -295,6 +295,8 @@ def validate(cfg: CellConfig) -> None:
     if cfg.reward.outcome_metric == "f1" and cfg.task not in QA_TASKS:
         raise ConfigError(f"reward.outcome_metric=f1 is token F1 of a QA answer; task {cfg.task} has none: use "
                           f"exact, or a QA task ({', '.join(sorted(QA_TASKS))})")
+    if cfg.algo.adv_estimator == "gae" and cfg.reward.gamma < 1 and cfg.algo.gae_gamma < 1:
+        raise ConfigError("reward.gamma and algo.gae_gamma would both discount the workflow's stages: set one of them to 1")
     if cfg.reward.allocator:
         from harness.rewards import load_allocator
 

@@ -26,6 +26,7 @@ CASES = [
     (["sharing=ip", "sharing_cfg.full_finetune=true"], "needs sharing=sp"),
     (["+reward.per_role.agregator.length=1"], "unknown role(s) agregator; valid roles: aggregator"),
     (["monitors.drift.action=panic"], "valid choices: log, alert, stop"),
+    (["algo.adv_estimator=gae", "reward.gamma=0.9", "algo.gae_gamma=0.9"], "would both discount the workflow's stages: set one of them to 1"),
     (["monitors.collapse.trend_window=-1"], "monitors.collapse.trend_window must be >= 0"),
     (["monitors.collapse.trend_patience=0"], "monitors.collapse.trend_patience must be >= 1, got 0"),
     (["workflow.role_max_new_tokens.agregator=24"], "unknown role(s) agregator; valid roles: aggregator"),

@@ -234,14 +234,15 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
 
 def _add(cells: Dict[str, Cell], cell: Cell) -> None:
     """A cell under its id, once. Two task axes may run one task at a scale (`math` and `arith` both
-    train arith on a tiny model): those cells are one run; an id shared by cells that differ otherwise
-    is a GridError, never a cell silently dropped."""
+    train arith on a tiny model): those cells are one run; a multi-agent id shared by cells that differ
+    otherwise is a GridError, never a cell silently dropped. A single agent's id has no sharing mode
+    (one role, one policy): the first of its sharing-axis twins stands for it, as it always has."""
     known = cells.setdefault(cell.cell_id, cell)
 
     def setting(c: Cell) -> Dict[str, Any]:
         return {**c.overrides, "extra": {k: v for k, v in c.overrides.get("extra", {}).items() if k != "task_axis"}}
 
-    if known is not cell and setting(known) != setting(cell):
+    if known is not cell and not cell.is_baseline and setting(known) != setting(cell):
         raise GridError(f"two cells of the sweep would both be {cell.cell_id} with different settings "
                         f"(task axes {known.axes['task']} and {cell.axes['task']}): drop one of the task axes")
 

@@ -405,3 +405,6 @@ def test_cell_ids_name_the_task_the_cell_runs():
     with pytest.raises(GridError, match="two cells of the sweep would both be voting-ip-arith-tiny-m-s0 with different "
                                         "settings \\(task axes math and arith\\)"):
         _add({one.cell_id: one}, other)
+    # a single agent has no sharing mode: its sp and ip twins are one cell
+    singles = expand(compose(["sweep=smoke", "sweep.axes.topology=[single]", "sweep.baseline=false"]).sweep, cfg.cluster, "runs")
+    assert [c.cell_id for c in singles] == ["single-arith-tiny-m-s0"]

@@ -256,10 +256,32 @@ def _verdict_word(verdict: Optional[str]) -> str:
 
 
 def collect_diagnosis(study: Study, root: Path) -> List[dict]:
-    """The diagnosis arms (resampled none and mechanism arms), each with the failure it branched before."""
+    """The diagnosis arms (resampled none and mechanism arms), each with the failure it branched before;
+    with `runs.base`, also each multi-agent cell of the base sweep (its planted cause where the sweep
+    plants one, and its first failure), so cells that never failed are counted too."""
     rows = _arm_rows(study, root)
     if not rows:
         raise StudyError(f"study {study.name}: no ended arms under {root / study.data['runs']['arms']}")
+    base = (study.data.get("runs") or {}).get("base")
+    return rows + ([{"split": "base", **row} for row in _base_cells(study, root / base)] if base else [])
+
+
+def _base_cells(study: Study, sweep: Path) -> List[dict]:
+    from analysis.labels import label_run
+    from harness.run_dir import stored_cell_config
+
+    rows = []
+    for run in sorted(p for p in sweep.glob("*") if (p / "cell.yaml").is_file()):
+        cfg = stored_cell_config(run)
+        if cfg.topology == "single":
+            continue
+        labels = label_run(run)
+        rows.append({"cell": run.name, "sharing": cfg.sharing, "seed": cfg.seed,
+                     "planted": (cfg.extra or {}).get("planted", ""),
+                     "failed_at": min(label.step for label in labels) if labels else ""})
+    stray = sorted({int(r["seed"]) for r in rows} - set(study.seeds("held_out")))
+    if stray:
+        raise StudyError(f"study {study.name}: {sweep} holds cells of seeds {stray[:5]} its seeds do not list")
     return rows
 
 
@@ -291,10 +313,30 @@ def render_diagnosis(study: Study, rows: List[dict]) -> Dict[str, str]:
     hypotheses = [f"- **{h['id']}** ({h['claim'].strip()}): "
                   f"{verdicts.get((h.get('sharing'), h.get('mechanism')), 'not testable here (no failed cell diagnosed)')}."
                   for h in study.data.get("hypotheses", [])]
-    return {"verdicts": "\n".join(lines) or "(no diagnosed run)",
-            "mechanisms": to_markdown(pd.DataFrame(tests)) if tests else "(no mechanism tested)",
-            "hypotheses": "\n".join(hypotheses) or "(no hypotheses)",
-            "headline": _diagnosis_headline(study, arms, found_by_sharing, verdicts)}
+    blocks = {"verdicts": "\n".join(lines) or "(no diagnosed run)",
+              "mechanisms": to_markdown(pd.DataFrame(tests)) if tests else "(no mechanism tested)",
+              "hypotheses": "\n".join(hypotheses) or "(no hypotheses)",
+              "headline": _diagnosis_headline(study, arms, found_by_sharing, verdicts)}
+    planted = _planted_rows(rows, arms)
+    if planted:
+        from analysis.diagnosis import confusion, confusion_summary
+
+        blocks["confusion"] = to_markdown(confusion(planted)) + "\n\n" + confusion_summary(planted) + "."
+    return blocks
+
+
+def _planted_rows(rows: List[dict], arms: List[dict]) -> List[dict]:
+    """Per base cell of a planted sweep: its planted cause, whether it failed, and the verdict of its
+    first branch point (None where it failed but was not diagnosed), as analysis.diagnosis.confusion reads them."""
+    from analysis.diagnosis import point_verdict
+
+    out = []
+    for row in (r for r in rows if r.get("split") == "base" and r.get("planted")):
+        mine = [a for a in arms if a["parent"] == row["cell"]]
+        first = [a for a in mine if a["start"] == min((b["start"] for b in mine), default=None)]
+        out.append({"cell": row["cell"], "planted": row["planted"], "failed": str(row.get("failed_at", "")) != "",
+                    "verdict": point_verdict(first)["verdict"] if first else None})
+    return out
 
 
 STUDY_ACCOUNT = {"ip": "amplification", "sp": "capture"}  # what the SP/IP study says makes each mode fail
@@ -312,7 +354,7 @@ def _diagnosis_headline(study: Study, arms: List[dict], found: Dict[str, List[st
     tests = [f"{h['id']} ({h.get('sharing')}, {h.get('mechanism')}): "
              + _verdict_word(verdicts.get((h.get("sharing"), h.get("mechanism")))) for h in study.data.get("hypotheses", [])]
     return (f"on held-out seeds {seed_ranges(study.seeds('held_out'))} ({cells} failed cells diagnosed, {len(arms)} arms "
-            f"run), each cell's diagnosis: " + "; ".join(per_mode) + ". Across cells: " + "; ".join(tests)
+            f"run), each cell's diagnosis: " + "; ".join(per_mode) + (". Across cells: " + "; ".join(tests) if tests else "")
             + f" ([all tables](studies/{study.name}/results.md)).")
 
 

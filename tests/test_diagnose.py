@@ -93,6 +93,28 @@ def test_resampled_none_arms_and_an_unshared_arm_branch_from_one_state(parent):
                                          f"diagnosis: IP: {named} 1 (the study's account, amplification: "
                                          f"{int(named == 'amplification')} of 1). Across cells: H1 (ip, unshare_instances): not shown")
 
+    # over a planted sweep (runs.base), every base cell counts, failed or not: planted x diagnosed
+    import shutil
+
+    import yaml
+
+    base = parent.parent.parent / "planted_base" / CELL
+    shutil.copytree(parent, base)
+    cell = yaml.safe_load((base / "cell.yaml").read_text())
+    cell["extra"] = {**(cell.get("extra") or {}), "planted": "amplification"}
+    (base / "cell.yaml").write_text(yaml.safe_dump(cell))
+    (studies / "planted" / "study.yaml").write_text(
+        "name: planted\nkind: diagnosis\nheld_out: {seeds: '0'}\nruns: {arms: default-diagnosis, base: planted_base}\n")
+    study = study_named("planted", studies)
+    write_outcomes(study, collect(study, parent.parent.parent))
+    rows = study_named("planted", studies).outcomes()
+    assert [(r["split"], r["cell"], r["planted"]) for r in rows if r["split"] == "base"] == [("base", CELL, "amplification")]
+    blocks = render(study, rows)
+    assert re.search(rf"\| amplification\s+\|.*", blocks["confusion"])
+    assert blocks["confusion"].endswith(f"{int(named == 'amplification')} of 1 diagnosed failures with a planted registry "
+                                        f"cause named it; 0 of 0 with the cause outside the registry were given a "
+                                        f"mechanism (aim: all and none).")
+
 
 @pytest.mark.parametrize("args,message", [
     (["--at", "4", "--failure-step", "6", "--mechanisms", "boredom"],

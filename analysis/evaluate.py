@@ -18,6 +18,8 @@ the unbiased estimator 1 - C(n-c, k)/C(n, k) averaged over problems. Rows go to
 `<run>/eval_results.jsonl` (a re-run replaces the rows of the same mode, checkpoint, task, split and k;
 `--resume` keeps them and evaluates only the checkpoints that have none, e.g. after a killed job);
 a checkpoint whose files do not match its manifest is recorded as damaged and never evaluated.
+The early (first), best and terminal (last) checkpoints' episodes are written in full to
+`<run>/eval_trajectories/` (the trajectories the study compares across training).
 The sweep report shows the table.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 MODES = ("trained", "base", "single_agent_transfer")
 SPLITS = ("validation", "held_out")
 RESULTS = "eval_results.jsonl"
+TRAJECTORIES = "eval_trajectories"  # <run>/eval_trajectories/<mode>-<split>-<phase>-<checkpoint>.jsonl
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -84,6 +87,7 @@ class Evaluator:
         torch.manual_seed(seed)
         with torch.no_grad():
             episodes, _ = self.controller.rollout(problems, samples, greedy=False)
+        self.episodes = episodes  # the trajectories, for the checkpoints whose samples are kept
         correct: Dict[int, int] = {}
         for episode in episodes:
             correct[episode.group] = correct.get(episode.group, 0) + int(bool(episode.grade and episode.grade.correct))
@@ -165,6 +169,7 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task
         policy_map = PolicyMap.from_config(cfg, roles)
         policies, policy_of = policy_map.policies, policy_map.policy_of
     sources = [("base", None, None)] if mode == "base" else checkpoints_of(source)
+    phases = trajectory_phases([name for name, _, _ in sources])
     if resume:  # a checkpoint already scored the same way keeps its row
         same = (mode, cfg.task, split, k, samples, len(eval_set))
         done = {r["checkpoint"] for r in _stored(run) if r.get("status") == "ok" and (
@@ -190,11 +195,38 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task
                     evaluator.engine.load(directory)
                 rates = evaluator.pass_rates(eval_set, samples, k, seed=cfg.seed * 1_000_003 + 97)
                 rows.append({**row, "status": "ok", **rates, "seconds": round(time.time() - started, 2)})
+                if name in phases:
+                    write_trajectories(run, f"{mode}-{split}-{phases[name]}-{name}", row.get("step"), evaluator.episodes)
                 log(f"{run.name} {mode} {name}: pass@1 {rates['pass@1']:.3f}, pass@{k} {rates[f'pass@{k}']:.3f}")
         finally:
             evaluator.close()
     write_results(run, rows)
     return rows
+
+
+def trajectory_phases(names: Sequence[str]) -> Dict[str, str]:
+    """The checkpoints whose trajectories the study reads: the first step checkpoint (early), `best`, the
+    last step checkpoint (terminal); the base model's as `base`."""
+    steps = [n for n in names if n.startswith("step_")]
+    phases = {"base": "base"} if "base" in names else {}
+    if steps:
+        phases.update({steps[0]: "early", steps[-1]: "terminal"})
+    if "best" in names:
+        phases["best"] = "best"
+    return phases
+
+
+def write_trajectories(run: Path, name: str, step: Optional[int], episodes) -> Path:
+    """Every evaluated episode of one checkpoint in full (each turn's role, prompt, response, verdicts),
+    as samples.jsonl holds training episodes."""
+    from harness.controller import sample_records
+    from harness.run_dir import write_atomic
+
+    path = run / TRAJECTORIES / f"{name}.jsonl"
+    path.parent.mkdir(exist_ok=True)
+    records = sample_records(step if step is not None else -1, episodes, len(episodes))
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+    return path
 
 
 def _trained_steps(directory: Path) -> Optional[int]:

@@ -42,6 +42,14 @@ def test_trained_base_and_transfer_modes_write_pass_at_k_per_checkpoint(sweep):
     for row in trained:
         assert row["status"] == "ok" and row["problems"] == 6 and row["samples"] == 4
         assert 0.0 <= row["pass@1"] <= row["pass@2"] <= 1.0
+    # the trajectories the study reads: early (the first checkpoint), best and terminal (the last), in full
+    kept = sorted(p.name for p in (voting / "eval_trajectories").iterdir())
+    assert kept == ["trained-validation-best-best.jsonl", "trained-validation-early-step_0000002.jsonl",
+                    "trained-validation-terminal-step_0000004.jsonl"]
+    early = read_jsonl(voting / "eval_trajectories" / kept[1])
+    assert len(early) == 6 * 4 and all(e["step"] == 2 for e in early)  # every sampled episode
+    assert {t["role"] for e in early for t in e["turns"]} == {"voter", "aggregator"}
+    assert sum(e["correct"] for e in early) / 6 / 4 == pytest.approx(trained[0]["pass@1"])  # what was scored
     again = evaluate_run(voting, "trained", k=2, samples=4, problems=6, log=lambda *_: None)
     assert [r["pass@2"] for r in again] == [r["pass@2"] for r in trained]  # seeded: the same samples
     base = evaluate_run(voting, "base", k=2, samples=4, problems=6, log=lambda *_: None)

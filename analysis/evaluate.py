@@ -171,10 +171,7 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task
     sources = [("base", None, None)] if mode == "base" else checkpoints_of(source)
     phases = trajectory_phases([name for name, _, _ in sources])
     if resume:  # a checkpoint already scored the same way keeps its row
-        same = (mode, cfg.task, split, k, samples, len(eval_set))
-        done = {r["checkpoint"] for r in _stored(run) if r.get("status") == "ok" and (
-            r.get("mode"), r.get("task"), r.get("split", "validation"), r.get("k"), r.get("samples"),
-            r.get("problems")) == same}
+        done = scored(run, mode, split, k, samples, task=cfg.task, problems=len(eval_set))
         sources = [s for s in sources if s[0] not in done]
     rows = []
     with tempfile.TemporaryDirectory(prefix="marl-eval-") as work:
@@ -227,6 +224,15 @@ def write_trajectories(run: Path, name: str, step: Optional[int], episodes) -> P
     records = sample_records(step if step is not None else -1, episodes, len(episodes))
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+def scored(run: Path, mode: str, split: str, k: int, samples: int, task: Optional[str] = None,
+           problems: Optional[int] = None) -> set:
+    """The checkpoints of `run` with an ok row scored this way (and on this task and number of
+    problems, where given): what `--resume` skips."""
+    return {r["checkpoint"] for r in _stored(run) if r.get("status") == "ok"
+            and (r.get("mode"), r.get("split", "validation"), r.get("k"), r.get("samples")) == (mode, split, k, samples)
+            and task in (None, r.get("task")) and problems in (None, r.get("problems"))}
 
 
 def _trained_steps(directory: Path) -> Optional[int]:

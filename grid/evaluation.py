@@ -64,15 +64,10 @@ def checked_options(raw) -> dict:
 
 def unscored(run: Path, options: dict) -> List[str]:
     """The run's checkpoints without a scored row of these options (what a job would evaluate)."""
-    from analysis.evaluate import _stored, checkpoints_of
+    from analysis.evaluate import checkpoints_of, scored
 
-    if options["mode"] == "base":
-        names = ["base"]
-    else:
-        names = [name for name, _, _ in checkpoints_of(run)]
-    same = (options["mode"], options["split"], options["k"], options["samples"])
-    done = {r["checkpoint"] for r in _stored(run) if r.get("status") == "ok" and
-            (r.get("mode"), r.get("split", "validation"), r.get("k"), r.get("samples")) == same}
+    names = ["base"] if options["mode"] == "base" else [name for name, _, _ in checkpoints_of(run)]
+    done = scored(run, options["mode"], options["split"], options["k"], options["samples"])
     return [name for name in names if name not in done]
 
 

@@ -86,8 +86,10 @@ def point_verdict(rows: Sequence[dict], failure: Optional[dict] = None) -> dict:
     else:
         tried = [a for a in order if a != GENERIC]
         best = min(tried, key=lambda a: (results[a]["failed"], a)) if tried else None
+        versus_slow = results[best]["p_vs_slow_down"] if best else None
         detail = (f"; fewest failures: {best} {results[best]['failed']} of {results[best]['resamples']}, "
-                  f"p = {results[best]['p_vs_none']:.3f} against none" if best else "")
+                  f"p = {results[best]['p_vs_none']:.3f} against none"
+                  + (f", {versus_slow:.3f} against slowing down" if versus_slow is not None else "") if best else "")
         reason = "only slowing down beat chance" if verdict == "generic" else "no arm beat chance and slowing down"
         line = (f"{where} — diagnosis: {verdict} ({reason}; from step {start}, none failed "
                 f"{sum(failed.get(NONE, {}).values())} of {n} resamples, {slow_text}{detail})")

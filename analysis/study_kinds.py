@@ -318,10 +318,13 @@ def render_diagnosis(study: Study, rows: List[dict]) -> Dict[str, str]:
               "hypotheses": "\n".join(hypotheses) or "(no hypotheses)",
               "headline": _diagnosis_headline(study, arms, found_by_sharing, verdicts)}
     planted = _planted_rows(rows, arms)
-    if planted:
+    if planted:  # a check on planted causes: its finding is planted x diagnosed, not the study's account
         from analysis.diagnosis import confusion, confusion_summary
 
         blocks["confusion"] = to_markdown(confusion(planted)) + "\n\n" + confusion_summary(planted) + "."
+        blocks["headline"] = (f"on held-out seeds {seed_ranges(study.seeds('held_out'))} "
+                              f"({sum(1 for r in planted if r['verdict'])} planted failures diagnosed, {len(arms)} arms "
+                              f"run): {confusion_summary(planted)} ([all tables](studies/{study.name}/results.md)).")
     return blocks
 
 

@@ -35,7 +35,9 @@ from harness.tasks import WARMUP_TASKS, Problem, Task, WarmupSupport
 from harness.workflows.contracts import ACCEPT, REVISE
 from harness.workflows.prompts import cell_prompts, resolve_prompts
 
-WARMUP_VERSION = 1
+# 2: the warm-up trains on one thread whoever builds it (a launcher's process had its machine's threads and
+# a test's one, so one key held different weights depending on who warmed it first)
+WARMUP_VERSION = 2
 RANDOM_SEED = 0  # the random Qwen3 base of scale qwen3-tok
 WARMUP_SEED = 0
 Demo = Tuple[str, str]  # (user prompt, assistant response)
@@ -158,7 +160,17 @@ def greedy_accuracy(model, tokenizer, task: Task, prompt_template: str, problems
 def warm_up(cfg, size, task: Task, out_dir: Path, log: Callable[[str], None] = print,
             graph: Optional[Dict[str, str]] = None) -> dict:
     """Build tokenizer + tiny model, train on role demonstrations, save to out_dir (`graph`: graph_templates'
-    answer, when the caller has it)."""
+    answer, when the caller has it). On one thread: a thread count changes float reductions, and the
+    cache key must name one set of weights whichever process builds it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _warm_up(cfg, size, task, out_dir, log, graph)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _warm_up(cfg, size, task: Task, out_dir: Path, log: Callable[[str], None], graph: Optional[Dict[str, str]]) -> dict:
     started = time.time()
     graph = graph_templates(cfg, task) if graph is None else graph
     prompts = cell_prompts(cfg.workflow, graph)

@@ -1,7 +1,7 @@
 """action=evaluate: score every ended cell's checkpoints as the study does (analysis/evaluate.py), as
 jobs of the sweep's own launcher: local processes, or SLURM jobs with each cell's resources.
 
-    python grid/launch.py sweep=full_matrix action=evaluate evaluate.split=held_out [dry_run=true]
+    python grid/launch.py sweep=full_matrix action=evaluate evaluate.split=held_out [launcher=slurm wait=true] [dry_run=true]
 
 Each job scores only the checkpoints that have no row of the same mode, split, k and samples yet
 (analysis.evaluate's `--resume`), so a killed or requeued job, or a second launch, repeats nothing.
@@ -71,6 +71,19 @@ def unscored(run: Path, options: dict) -> List[str]:
     return [name for name in names if name not in done]
 
 
+def wait_for_jobs(entries: dict, poll_s: float = 2.0) -> dict:
+    """wait=true on SLURM: block until every evaluation job has ended; cell id -> its final state."""
+    import time
+
+    from grid.submit import slurm_state
+
+    while True:
+        states = {cell_id: slurm_state(entry) for cell_id, entry in entries.items()}
+        if not any(state in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING") for state in states.values()):
+            return states
+        time.sleep(poll_s)
+
+
 def evaluate(cells: Sequence[Cell], cfg, out=print) -> int:
     """Submit one evaluation job per ended cell with checkpoints left to score; then the sweep report."""
     from grid.submit import Ledger, read_status, run_local, submit_slurm
@@ -105,7 +118,12 @@ def evaluate(cells: Sequence[Cell], cfg, out=print) -> int:
     if cfg.launcher.name == "slurm":
         entries = submit_slurm(todo, cfg.cluster, cfg.launcher, ledger, submission)
         out(f"submitted {len(entries)} evaluation jobs to SLURM; rows go to each run's eval_results.jsonl")
-        return 0
+        if not cfg.get("wait"):
+            return 0
+        states = wait_for_jobs(entries)
+        for cell_id, state in sorted(states.items()):
+            out(f"{state:<14} {cell_id}")
+        return 0 if all(state == "COMPLETED" for state in states.values()) else 1
     outcome = run_local(todo, cfg.launcher, ledger, log=out, submission=submission)
     from grid.launch import sweep_report
 

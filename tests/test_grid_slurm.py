@@ -270,3 +270,23 @@ def test_a_shape_the_cluster_cannot_run_is_refused_before_any_submission(tmp_pat
     assert "sbatch --test-only" in proc.stderr
     assert not tmp_path.joinpath("smoke").exists()
     assert subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout == before
+
+
+def test_the_evaluate_action_scores_a_sweep_as_slurm_jobs(smoke_sweep):
+    """action=evaluate on SLURM: one job per ended cell with the cell's resources; wait=true blocks until
+    they end; every checkpoint gets its row, and the jobs' ledger is its own (the cells' is untouched)."""
+    from analysis.evaluate import RESULTS, checkpoints_of
+
+    _, root = smoke_sweep
+    cells_ledger = ledger(root)
+    proc = launch(root, "sweep=smoke", "action=evaluate", "evaluate.problems=2", "wait=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "submitted 7 evaluation jobs to SLURM" in proc.stdout and proc.stdout.count("COMPLETED") == 7
+    for cell_id in cells_ledger:
+        run = root / "smoke" / cell_id
+        rows = read_jsonl(run / RESULTS)
+        assert [r["checkpoint"] for r in rows] == [name for name, _, _ in checkpoints_of(run)]
+        assert all(r["status"] == "ok" and r["problems"] == 2 for r in rows)
+    jobs = json.loads((root / "smoke" / ".grid" / "evaluate.json").read_text())
+    assert set(jobs) == set(cells_ledger) and all(e["launcher"] == "slurm" for e in jobs.values())
+    assert ledger(root) == cells_ledger

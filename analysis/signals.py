@@ -16,8 +16,7 @@ def signal_trace(run: Path, records: Optional[List[dict]] = None, context=None) 
     """One row per (step, detector, signal): the value the detector compared and its threshold.
     `records` (the run's metrics.jsonl) and `context` (replay_setup's) when the caller has them."""
     from analysis.detector_validation import replay_setup
-    from harness.run_dir import stored_cell_config
-    from harness.run_dir import read_jsonl
+    from harness.run_dir import read_jsonl, stored_cell_config
     from harness.monitors import Monitor
     from harness.paired_run import paired_run
 

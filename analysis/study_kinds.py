@@ -170,11 +170,15 @@ def _arm_rows(study: Study, root: Path) -> List[dict]:
     if "arms" not in runs:
         raise StudyError(f"study {study.name}: runs.arms (the arms' sweep folder under the runs root) is not set")
     arms = collect_arms(root / runs["arms"])
-    declared = set(study.seeds("held_out"))
-    stray = sorted({int(r["seed"]) for r in arms if r.get("seed") is not None} - declared)
-    if stray:
-        raise StudyError(f"study {study.name}: {root / runs['arms']} holds arms of seeds {stray[:5]} its seeds do not list")
+    _held_out_only(study, arms, root / runs["arms"], "arms")
     return [{"split": "arm", **{k: row.get(k, "") for k in ARM_COLUMNS}} for row in arms]
+
+
+def _held_out_only(study: Study, rows: List[dict], where: Path, what: str) -> None:
+    """A study scores only the seeds it lists: a launcher cut short can leave runs of dropped seeds beside its own."""
+    stray = sorted({int(r["seed"]) for r in rows if r.get("seed") is not None} - set(study.seeds("held_out")))
+    if stray:
+        raise StudyError(f"study {study.name}: {where} holds {what} of seeds {stray[:5]} its seeds do not list")
 
 
 def _typed_arms(rows: List[dict]) -> List[dict]:
@@ -200,9 +204,7 @@ def collect_interventions(study: Study, root: Path) -> List[dict]:
     rows = _arm_rows(study, root)
     if "base" in runs:
         base = base_rows(root / runs["base"])
-        stray = sorted({int(r["seed"]) for r in base} - set(study.seeds("held_out")))
-        if stray:
-            raise StudyError(f"study {study.name}: {root / runs['base']} holds cells of seeds {stray[:5]} its seeds do not list")
+        _held_out_only(study, base, root / runs["base"], "cells")
         rows += [{"split": "base", **row} for row in base]
     if not rows:
         raise StudyError(f"study {study.name}: no ended arms or cells under {root}")
@@ -279,9 +281,7 @@ def _base_cells(study: Study, sweep: Path) -> List[dict]:
         rows.append({"cell": run.name, "sharing": cfg.sharing, "seed": cfg.seed,
                      "planted": (cfg.extra or {}).get("planted", ""),
                      "failed_at": min(label.step for label in labels) if labels else ""})
-    stray = sorted({int(r["seed"]) for r in rows} - set(study.seeds("held_out")))
-    if stray:
-        raise StudyError(f"study {study.name}: {sweep} holds cells of seeds {stray[:5]} its seeds do not list")
+    _held_out_only(study, rows, sweep, "cells")
     return rows
 
 

@@ -81,20 +81,20 @@ class Evaluator:
         self.engine = build_engine(cfg, model_dir, list(policies), work_dir, task=task)
         self.controller = Controller(cfg, task, self.workflow, _Routing(policy_of), self.engine)
 
-    def pass_rates(self, problems, samples: int, k: int, seed: int) -> Dict[str, float]:
+    def pass_rates(self, problems, samples: int, k: int, seed: int) -> Tuple[Dict[str, float], list]:
+        """(pass@1, pass@k and problems solved; the episodes scored, for the trajectories kept)."""
         import torch
 
         torch.manual_seed(seed)
         with torch.no_grad():
             episodes, _ = self.controller.rollout(problems, samples, greedy=False)
-        self.episodes = episodes  # the trajectories, for the checkpoints whose samples are kept
         correct: Dict[int, int] = {}
         for episode in episodes:
             correct[episode.group] = correct.get(episode.group, 0) + int(bool(episode.grade and episode.grade.correct))
         per_problem = [correct.get(i, 0) for i in range(len(problems))]
         return {"pass@1": sum(pass_at_k(samples, c, 1) for c in per_problem) / len(problems),
                 f"pass@{k}": sum(pass_at_k(samples, c, k) for c in per_problem) / len(problems),
-                "problems_solved": float(sum(c > 0 for c in per_problem))}
+                "problems_solved": float(sum(c > 0 for c in per_problem))}, episodes
 
     def close(self) -> None:
         if hasattr(self.engine, "shutdown"):
@@ -190,10 +190,10 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task
                 started = time.time()
                 if directory is not None:
                     evaluator.engine.load(directory)
-                rates = evaluator.pass_rates(eval_set, samples, k, seed=cfg.seed * 1_000_003 + 97)
+                rates, episodes = evaluator.pass_rates(eval_set, samples, k, seed=cfg.seed * 1_000_003 + 97)
                 rows.append({**row, "status": "ok", **rates, "seconds": round(time.time() - started, 2)})
                 if name in phases:
-                    write_trajectories(run, f"{mode}-{split}-{phases[name]}-{name}", row.get("step"), evaluator.episodes)
+                    write_trajectories(run, f"{mode}-{split}-{phases[name]}-{name}", row.get("step"), episodes)
                 log(f"{run.name} {mode} {name}: pass@1 {rates['pass@1']:.3f}, pass@{k} {rates[f'pass@{k}']:.3f}")
         finally:
             evaluator.close()
@@ -312,17 +312,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def options_problem(mode: str, split: str, k: int, samples: int, problems: int, choice: str = "",
+                    flag: str = "--") -> Optional[str]:
+    """What is wrong with the scoring options, if anything, named as the caller's command line spells
+    them (`choice` before a choice's name, `flag` before a number's: this CLI's `--k`, the launcher's
+    `evaluate.k`)."""
+    if mode not in MODES:
+        return f"unknown {choice}mode '{mode}'; valid choices: {', '.join(MODES)}"
+    if split not in SPLITS:
+        return f"unknown {choice}split '{split}'; valid choices: {', '.join(SPLITS)}"
+    if k < 1 or samples < k:
+        return f"{flag}k must be >= 1 and {flag}samples >= k (got k={k}, samples={samples})"
+    if problems < 1:
+        return f"{flag}problems must be >= 1, got {problems}"
+    return None
+
+
 def _argument_problem(args, samples: int) -> Optional[str]:
     from harness.tasks import TASKS
 
-    if args.mode not in MODES:
-        return f"unknown mode '{args.mode}'; valid choices: {', '.join(MODES)}"
-    if args.split not in SPLITS:
-        return f"unknown split '{args.split}'; valid choices: {', '.join(SPLITS)}"
-    if args.k < 1 or samples < args.k:
-        return f"--k must be >= 1 and --samples >= k (got k={args.k}, samples={samples})"
-    if args.problems < 1:
-        return f"--problems must be >= 1, got {args.problems}"
+    problem = options_problem(args.mode, args.split, args.k, samples, args.problems)
+    if problem:
+        return problem
     if args.task is not None and args.task not in TASKS:
         return f"unknown task '{args.task}'; valid choices: {', '.join(sorted(TASKS))}"
     if (args.task is None) != (args.data_path is None) and args.task not in (None, "humaneval", "arith", "code-synth"):

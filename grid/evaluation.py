@@ -48,17 +48,14 @@ class EvalJob(submitit.helpers.Checkpointable):
 
 def checked_options(raw) -> dict:
     """The evaluate.* options as analysis.evaluate takes them, or a GridError naming the valid choices."""
-    from analysis.evaluate import MODES, SPLITS
+    from analysis.evaluate import options_problem
 
     options = {key: raw.get(key) for key in EvaluateOptions.__dataclass_fields__}
     options["samples"] = options["samples"] or options["k"]
-    if options["mode"] not in MODES:
-        raise GridError(f"unknown evaluate.mode '{options['mode']}'; valid choices: {', '.join(MODES)}")
-    if options["split"] not in SPLITS:
-        raise GridError(f"unknown evaluate.split '{options['split']}'; valid choices: {', '.join(SPLITS)}")
-    if options["k"] < 1 or options["samples"] < options["k"] or options["problems"] < 1:
-        raise GridError(f"evaluate.k and evaluate.problems must be >= 1 and evaluate.samples >= k (got k={options['k']}, "
-                        f"samples={options['samples']}, problems={options['problems']})")
+    problem = options_problem(options["mode"], options["split"], options["k"], options["samples"], options["problems"],
+                              choice="evaluate.", flag="evaluate.")
+    if problem:
+        raise GridError(problem)
     return options
 
 
@@ -108,8 +105,7 @@ def evaluate(cells: Sequence[Cell], cfg, out=print) -> int:
     if cfg.dry_run or not todo:
         out(f"{total}; {'dry run: nothing run' if cfg.dry_run else 'nothing to score'}")
         return 0
-    ledger = Ledger(sweep_dir)
-    ledger.path = ledger.path.with_name("evaluate.json")
+    ledger = Ledger(sweep_dir, "evaluate.json")
 
     def submission(cell: Cell):
         return EvalJob(), str(sweep_dir / cell.cell_id), options
@@ -124,7 +120,7 @@ def evaluate(cells: Sequence[Cell], cfg, out=print) -> int:
         for cell_id, state in sorted(states.items()):
             out(f"{state:<14} {cell_id}")
         return 0 if all(state == "COMPLETED" for state in states.values()) else 1
-    outcome = run_local(todo, cfg.launcher, ledger, log=out, submission=submission)
+    outcome = run_local(todo, cfg.launcher, ledger, log=out, submission=submission, warm=False)
     from grid.launch import sweep_report
 
     sweep_report(sweep_dir, out)

@@ -82,10 +82,11 @@ def run_under_ray_up(cfg, overrides: Dict, path: Path) -> str:
 
 # ----------------------------------------------------------------------------- bookkeeping
 class Ledger:
-    """<root>/<sweep>/.grid/jobs.json: the last job submitted for each cell."""
+    """<root>/<sweep>/.grid/jobs.json: the last job submitted for each cell (another action's jobs keep
+    a ledger of their own name beside it, e.g. evaluate.json)."""
 
-    def __init__(self, sweep_dir: Path):
-        self.path = sweep_dir / ".grid" / "jobs.json"
+    def __init__(self, sweep_dir: Path, name: str = "jobs.json"):
+        self.path = sweep_dir / ".grid" / name
 
     def read(self) -> Dict[str, dict]:
         try:
@@ -285,9 +286,10 @@ def warm_models(cells: List[Cell], log=print) -> None:
 
 
 def run_local(cells: List[Cell], launcher, ledger: Ledger, log=print,
-              submission: Callable[[Cell], tuple] = cell_submission) -> Dict[str, str]:
-    """Run cells' jobs as local processes, at most `parallelism` at once; block until all end."""
-    if submission is cell_submission:
+              submission: Callable[[Cell], tuple] = cell_submission, warm: bool = True) -> Dict[str, str]:
+    """Run cells' jobs as local processes, at most `parallelism` at once; block until all end. `warm`:
+    build the tiny models the cells train from first (an evaluation's runs have theirs already)."""
+    if warm:
         warm_models(cells, log)
     executor = submitit.AutoExecutor(folder=str(launcher.folder), cluster="local")
     executor.update_parameters(timeout_min=24 * 60)

@@ -28,7 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from harness.config import CellConfig
-from harness import qwen3_tokenizer
+from harness import cpu_numerics, qwen3_tokenizer
 from harness.models import (SCALES, RandomQwen3, TinySize, build_random_qwen3, build_tiny_model, build_tokenizer,
                             cache_root, chat_prompt, resolve_model_path)
 from harness.tasks import WARMUP_TASKS, Problem, Task, WarmupSupport
@@ -224,7 +224,8 @@ def warm_key(cfg: CellConfig, task, graph: Optional[Dict[str, str]] = None) -> s
     steps = warmup_steps(cfg, size, task)
     shape = {k: v for k, v in asdict(size).items() if k != "warmup_steps"}  # steps is keyed on its own
     payload = {"size": shape, "steps": steps, "task": task.name, "task_cfg": _task_fingerprint(cfg),
-               "prompts": resolve_prompts(dict(cfg.workflow.prompts)), "version": WARMUP_VERSION}
+               "prompts": resolve_prompts(dict(cfg.workflow.prompts)), "version": WARMUP_VERSION,
+               "cpu_numerics": cpu_numerics.fingerprint()}  # AVX2 and AVX-512 kernels train different weights
     graph = graph_templates(cfg, task) if graph is None else graph
     if graph:  # a workflow graph's own roles are part of the warm-up (absent: the key is as before)
         payload["graph_prompts"] = graph

@@ -17,7 +17,9 @@ INTERVENE = [sys.executable, "-m", "harness.intervene"]
 PARENT = ["topology=voting", "sharing=ip", "steps=12", "ckpt_every=4", "ckpt_keep=10", "val_every=5", "val_problems=8",
           "progress=false", "wandb.enabled=false", "report=false"]
 CELL = "voting-ip-arith-tiny-m-s0"
-# an aggregator paid per token at T=1.5 (tests/test_diagnostic_runs.py): length drift fires by step 20
+# an aggregator paid per token at T=1.5 (tests/test_diagnostic_runs.py): length drift fires after the first
+# validation (step 20), at step 25 on the tests' pinned CPU kernels; STEPS leaves room to cut a run after it
+STEPS = 32
 DRIFTING = ["topology=voting", "sharing=ip", "progress=false", "val_every=20", "wandb.enabled=false", "report=false",
             "+reward.per_role.aggregator.length=1.0", "algo.temperature=1.5",
             "+workflow.role_max_new_tokens={aggregator:24}", "monitors.drift.action=mitigate",
@@ -119,12 +121,12 @@ def test_not_a_run_directory_is_refused(tmp_path):
 
 def test_action_mitigate_switches_the_mitigation_on_and_a_resume_replays_it(tmp_path, warm_model_dir):
     whole = tmp_path / "whole"
-    run(whole, *DRIFTING, steps=24)
+    run(whole, *DRIFTING, steps=STEPS)
     cell = whole / "default" / CELL
     mitigated = [a for a in read_jsonl(cell / "alerts.jsonl") if a["action"] == "mitigate"]
     assert mitigated and mitigated[0]["kind"] == "length_drift" and mitigated[0]["mitigation"] == "kl_anchor"
     first = mitigated[0]["step"]
-    assert first <= 20
+    assert first + 3 < STEPS  # room to cut the run after it
     status = json.loads((cell / "status.json").read_text())
     assert status["state"] == "finished" and status["mitigations"] == {"kl_anchor": first + 1}
     metrics = read_jsonl(cell / "metrics.jsonl")
@@ -138,10 +140,10 @@ def test_action_mitigate_switches_the_mitigation_on_and_a_resume_replays_it(tmp_
     # a run cut two steps after the alert and resumed replays the mitigation from alerts.jsonl
     cut = tmp_path / "cut"
     run(cut, *DRIFTING, steps=first + 3)
-    resumed = run(cut, *DRIFTING, steps=24)
+    resumed = run(cut, *DRIFTING, steps=STEPS)
     assert f"resuming {CELL} from step {first + 3}" in resumed.stdout
     got = read_jsonl(cut / "default" / CELL / "metrics.jsonl")
-    assert [m["step"] for m in got] == list(range(24))
+    assert [m["step"] for m in got] == list(range(STEPS))
     for a, b in zip(got[first + 3:], metrics[first + 3:]):
         assert same_keys(a, b) == [], a["step"]
 

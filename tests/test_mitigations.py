@@ -21,7 +21,7 @@ from harness.tasks import Grade, Problem
 from harness.validation import config_from_dict
 from harness.episodes import Episode, Turn
 from tests.conftest import REPO, cell, python_cmd
-from tests.test_probe import _setup, spread_advantages
+from tests.test_probe import _setup, shared_advantages, spread_advantages
 
 
 def _turn(role, instance, reward=0.0, n_tokens=2):
@@ -68,6 +68,17 @@ def test_design_effect_counts_aligned_instances_once_and_leaves_orthogonal_ones_
     assert design_effect(slots, _gram([1, 0], [1, 0], [1, 0], [1, 0]), 1.0) == pytest.approx(3.0)
 
 
+def _voters_agree(turns) -> None:
+    """Every voter of a question gives voter 0's reply: 3 equal gradients, coherence 3 by construction (sampled
+    replies give a coherence that depends on the warm model's build, above or below 1)."""
+    first = {}
+    for turn in turns:
+        if turn.role == "voter":
+            reply = first.setdefault(turn.prompt, turn)
+            turn.response_ids, turn.text, turn.truncated = list(reply.response_ids), reply.text, reply.truncated
+            turn.rollout_log_probs = None if reply.rollout_log_probs is None else list(reply.rollout_log_probs)
+
+
 def test_coherence_reg_divides_each_step_of_the_voter_adapter_by_its_instances_coherence(tmp_path, warm_model_dir):
     """The same batch from the same weights, with and without `coherence_reg`: every optimizer step
     of the voter adapter is the plain step times 1/coherence of its voters' gradients in that step
@@ -78,13 +89,14 @@ def test_coherence_reg_divides_each_step_of_the_voter_adapter_by_its_instances_c
     results = {}
     for name in ("role_count_scaling", "role_count_scaling+coherence_reg"):
         cfg, engine, turns = _setup(tmp_path / name, warm_model_dir, *overrides, f"mitigation={name}")
-        spread_advantages(turns)
+        shared_advantages(turns)
+        _voters_agree(turns)
         probe = GradientProbe()
         results[name] = (engine.update(turns, probe, step=0), gradient_metrics(probe))
     (plain, plain_grads), (reg, reg_grads) = results["role_count_scaling"], results["role_count_scaling+coherence_reg"]
     assert plain.optimizer_steps == reg.optimizer_steps == {"voter": 1, "aggregator": 1}
     coherence = reg_grads["role/voter/coherence"]
-    assert coherence == pytest.approx(plain_grads["role/voter/coherence"]) and coherence > 1.05
+    assert coherence == pytest.approx(plain_grads["role/voter/coherence"]) and coherence == pytest.approx(3.0, rel=1e-4)
     assert reg.minibatches["voter"][0]["lr_scale"] == pytest.approx(1.0 / coherence, rel=1e-9)
     assert reg.minibatches["aggregator"][0]["lr_scale"] == 1.0 and "lr_scale" not in plain.minibatches["voter"][0]
     assert reg.policy_update_norm["voter"] == pytest.approx(plain.policy_update_norm["voter"] / coherence, rel=1e-5)

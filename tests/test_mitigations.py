@@ -21,7 +21,7 @@ from harness.tasks import Grade, Problem
 from harness.validation import config_from_dict
 from harness.episodes import Episode, Turn
 from tests.conftest import REPO, cell, python_cmd
-from tests.test_probe import _setup, shared_advantages, spread_advantages
+from tests.test_probe import _setup, shared_advantages
 
 
 def _turn(role, instance, reward=0.0, n_tokens=2):

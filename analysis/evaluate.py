@@ -25,6 +25,7 @@ The sweep report shows the table.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -76,6 +77,8 @@ class Evaluator:
         from harness.engines import build_engine
         from harness.workflows import build_workflow
 
+        cfg = copy.deepcopy(cfg)
+        cfg.algo.adv_estimator = "grpo"  # scoring samples needs no critic: a GAE run's value heads are not built
         self.cfg, self.task = cfg, task
         self.workflow = build_workflow(cfg, task)
         self.engine = build_engine(cfg, model_dir, list(policies), work_dir, task=task)

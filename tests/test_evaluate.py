@@ -95,6 +95,18 @@ def test_the_cli_and_the_sweep_report(sweep):
     assert evaluated and all(f"{r['pass@1']:.3f}" in md for r in evaluated)
 
 
+def test_a_gae_run_is_scored_like_any_other(tmp_path, warm_model_dir):
+    """Evaluation rolls out and grades; a run trained with a critic per policy needs none to be scored."""
+    cfg = cell(tmp_path, "topology=eval_opt", "algo.adv_estimator=gae", "steps=2", "ckpt_every=2", "val_every=100",
+               "samples_every=0", "algo.problems_per_step=2")
+    assert run_cell(cfg, log=lambda *_: None) == "finished"
+    rows = evaluate_run(tmp_path / "default" / "eval_opt-ip-arith-tiny-m-s0", "trained", k=1, samples=2, problems=4,
+                        log=lambda *_: None)
+    assert [r["checkpoint"] for r in rows] == ["step_0000000", "step_0000002", "best"]
+    assert {r["status"] for r in rows} == {"ok"}
+    assert all(0.0 <= r["pass@1"] <= 1.0 for r in rows)
+
+
 def test_evaluating_on_another_data_set(sweep, tmp_path):
     rows = [{"problem": f"{a}+{b}", "answer": str(a + b)} for a, b in [(3, 4), (10, 5), (7, 7)]]
     path = tmp_path / "extra.jsonl"

@@ -11,8 +11,9 @@ import pytest
 from harness import cpu_numerics
 from tests.conftest import REPO
 
-KEY = ("from harness.config import CellConfig; from harness.tasks import build_task; from harness.warmup import warm_key; "
-       "import torch; c = CellConfig(); print(torch.backends.cpu.get_cpu_capability(), warm_key(c, build_task(c)))")
+KEY = ("from harness.config import CellConfig; from harness.tasks import build_task; "
+       "from harness.warmup import warm_key; import torch; c = CellConfig(); "
+       "print(torch.backends.cpu.get_cpu_capability(), warm_key(c, build_task(c)))")
 
 
 def _key(**env: str) -> list[str]:

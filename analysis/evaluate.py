@@ -84,17 +84,22 @@ class Evaluator:
         self.engine = build_engine(cfg, model_dir, list(policies), work_dir, task=task)
         self.controller = Controller(cfg, task, self.workflow, _Routing(policy_of), self.engine)
 
-    def pass_rates(self, problems, samples: int, k: int, seed: int) -> Tuple[Dict[str, float], list]:
-        """(pass@1, pass@k and problems solved; the episodes scored, for the trajectories kept)."""
+    def correct_per_problem(self, problems, samples: int, seed: int) -> Tuple[List[int], list]:
+        """Correct episodes of each problem among its `samples`, drawn from the stream `seed` starts (the same
+        seed gives two checkpoints the same random numbers: a paired comparison); and the episodes."""
         import torch
 
         torch.manual_seed(seed)
         with torch.no_grad():
             episodes, _ = self.controller.rollout(problems, samples, greedy=False)
-        correct: Dict[int, int] = {}
+        correct = [0] * len(problems)
         for episode in episodes:
-            correct[episode.group] = correct.get(episode.group, 0) + int(bool(episode.grade and episode.grade.correct))
-        per_problem = [correct.get(i, 0) for i in range(len(problems))]
+            correct[episode.group] += int(bool(episode.grade and episode.grade.correct))
+        return correct, episodes
+
+    def pass_rates(self, problems, samples: int, k: int, seed: int) -> Tuple[Dict[str, float], list]:
+        """(pass@1, pass@k and problems solved; the episodes scored, for the trajectories kept)."""
+        per_problem, episodes = self.correct_per_problem(problems, samples, seed)
         return {"pass@1": sum(pass_at_k(samples, c, 1) for c in per_problem) / len(problems),
                 f"pass@{k}": sum(pass_at_k(samples, c, k) for c in per_problem) / len(problems),
                 "problems_solved": float(sum(c > 0 for c in per_problem))}, episodes

@@ -1,7 +1,8 @@
 """action=evaluate: score every ended cell's checkpoints as the study does (analysis/evaluate.py), as
 jobs of the sweep's own launcher: local processes, or SLURM jobs with each cell's resources.
 
-    python grid/launch.py sweep=full_matrix action=evaluate evaluate.split=held_out [launcher=slurm wait=true] [dry_run=true]
+    python grid/launch.py sweep=full_matrix action=evaluate evaluate.split=held_out \
+        [launcher=slurm wait=true] [dry_run=true]
 
 Each job scores only the checkpoints that have no row of the same mode, split, k and samples yet
 (analysis.evaluate's `--resume`), so a killed or requeued job, or a second launch, repeats nothing.
@@ -72,11 +73,11 @@ def wait_for_jobs(entries: dict, poll_s: float = 2.0) -> dict:
     """wait=true on SLURM: block until every evaluation job has ended; cell id -> its final state."""
     import time
 
-    from grid.submit import slurm_state
+    from grid.submit import TERMINAL_SLURM_STATES, slurm_state
 
     while True:
         states = {cell_id: slurm_state(entry) for cell_id, entry in entries.items()}
-        if not any(state in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING") for state in states.values()):
+        if all(state in TERMINAL_SLURM_STATES for state in states.values()):
             return states
         time.sleep(poll_s)
 

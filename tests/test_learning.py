@@ -60,17 +60,13 @@ def held_out_correct(run: Path, problems: int = 256, samples: int = 8) -> tuple[
     last = [directory for name, directory, _ in checkpoints_of(run) if name.startswith("step_")][-1]
     with tempfile.TemporaryDirectory() as work:
         evaluator = Evaluator(cfg, task, base_model_dir(run), policy_map.policies, policy_map.policy_of, Path(work))
-        counts = []
-        for checkpoint in (None, last):
-            if checkpoint is not None:
-                evaluator.engine.load(checkpoint)
-            _, episodes = evaluator.pass_rates(held_out, samples, 1, seed=97)
-            correct = [0] * len(held_out)
-            for episode in episodes:
-                correct[episode.group] += int(bool(episode.grade and episode.grade.correct))
-            counts.append(correct)
-        evaluator.close()
-    return counts[0], counts[1]
+        try:
+            start, _ = evaluator.correct_per_problem(held_out, samples, seed=97)
+            evaluator.engine.load(last)
+            trained, _ = evaluator.correct_per_problem(held_out, samples, seed=97)
+        finally:
+            evaluator.close()
+    return start, trained
 
 
 def test_single_agent_grpo_beats_its_start_on_held_out_arith(tmp_path, warm_model_dir):

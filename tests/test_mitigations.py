@@ -21,7 +21,7 @@ from harness.tasks import Grade, Problem
 from harness.validation import config_from_dict
 from harness.episodes import Episode, Turn
 from tests.conftest import REPO, cell, python_cmd
-from tests.test_probe import _setup, shared_advantages
+from tests.test_probe import _setup, spread_advantages
 
 
 def _turn(role, instance, reward=0.0, n_tokens=2):
@@ -69,14 +69,15 @@ def test_design_effect_counts_aligned_instances_once_and_leaves_orthogonal_ones_
 
 
 def _voters_agree(turns) -> None:
-    """Every voter of a question gives voter 0's reply: 3 equal gradients, coherence 3 by construction (sampled
-    replies give a coherence that depends on the warm model's build, above or below 1)."""
+    """Every voter of a question gives voter 0's reply with its advantage: 3 equal gradients, coherence 3 by
+    construction (sampled replies give a coherence that depends on the warm model's build, above or below 1)."""
     first = {}
     for turn in turns:
         if turn.role == "voter":
             reply = first.setdefault(turn.prompt, turn)
             turn.response_ids, turn.text, turn.truncated = list(reply.response_ids), reply.text, reply.truncated
             turn.rollout_log_probs = None if reply.rollout_log_probs is None else list(reply.rollout_log_probs)
+            turn.advantage = reply.advantage
 
 
 def test_coherence_reg_divides_each_step_of_the_voter_adapter_by_its_instances_coherence(tmp_path, warm_model_dir):
@@ -89,7 +90,7 @@ def test_coherence_reg_divides_each_step_of_the_voter_adapter_by_its_instances_c
     results = {}
     for name in ("role_count_scaling", "role_count_scaling+coherence_reg"):
         cfg, engine, turns = _setup(tmp_path / name, warm_model_dir, *overrides, f"mitigation={name}")
-        shared_advantages(turns)
+        spread_advantages(turns)
         _voters_agree(turns)
         probe = GradientProbe()
         results[name] = (engine.update(turns, probe, step=0), gradient_metrics(probe))

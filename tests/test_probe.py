@@ -43,15 +43,6 @@ def spread_advantages(turns, seed: int = 0) -> None:
         turn.advantage = rng.uniform(-1.0, 1.0)
 
 
-def shared_advantages(turns, seed: int = 0) -> None:
-    """Seeded advantages in [-1, 1], one per prompt: the voters of one question share it, so their gradients
-    pull one way (coherence above 1) by construction, not by which rollout the warm model happened to give."""
-    rng = random.Random(seed)
-    by_prompt: dict = {}
-    for turn in turns:
-        turn.advantage = by_prompt.setdefault(turn.prompt, rng.uniform(-1.0, 1.0))
-
-
 def _brute_force(engine, turns):
     """g_i for every (policy, slot) of each policy's first mini-batch from its own backward, with the
     mini-batch's normalisers (the first optimizer step is on-policy: ratio 1)."""

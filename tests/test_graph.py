@@ -122,6 +122,10 @@ def _graph(tmp_path, text):
     ("roles: {s: {contract: answer}}\nnodes: {a: {role: s, prompt: nowhere, inputs: {question: question}}}\nfinal: a\n",
      "uses prompt template 'nowhere'"),
     ("roles: {s: {contract: essay}}\nnodes: {a: {role: s}}\nfinal: a\n", "unknown contract 'essay'"),
+    ("roles: {s: {contract: answer}}\nnodes: {a: {role: s, inputs: {question: question}},"
+     " t: {tool: 'tests.graph_tools:majority', inputs: {answers: a.text}}}\n"
+     "edges: [[a, t], [t, a, {when: t.txt != pass, max_rounds: 1}]]\nfinal: a\n",
+     "edge t -> a: no node writes 't.txt' (node t writes value, text, answer)"),
     ("roles: {s: {contract: answer}}\nnodes: {a: {role: s, inputs: {question: question}}}\nfinal: a\n"
      "paper: {one: [s, critic]}\n", "paper sharing group one names unknown role(s) critic"),
 ])
@@ -129,6 +133,18 @@ def test_bad_graphs_are_one_clear_error(tmp_path, text, message):
     with pytest.raises(ConfigError) as caught:
         cell(tmp_path, _graph(tmp_path, text))
     assert message in str(caught.value)
+
+
+def test_an_edge_condition_is_a_fields_truth_or_a_comparison_of_its_text():
+    from harness.workflows.graph import _holds, _Result, parse_condition
+
+    state = {"run": _Result([], {"text": "fail", "value": "fail"}), "verify": _Result([], {"revise": False})}
+    assert parse_condition("run.text != pass") == ("run.text", "!=", "pass")
+    assert parse_condition("verify.revise") == ("verify.revise", None, None)
+    assert _holds(parse_condition("run.text != pass"), state) and not _holds(parse_condition("run.text == pass"), state)
+    assert _holds(parse_condition("run.text == fail"), state) and not _holds(parse_condition("verify.revise"), state)
+    state["run"].fields["text"] = "pass"
+    assert not _holds(parse_condition("run.text != pass"), state)
 
 
 def test_a_missing_graph_from_the_cli_is_one_error_line_and_no_run_dir(tmp_path):

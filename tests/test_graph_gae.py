@@ -74,14 +74,14 @@ def test_real_episodes_record_their_graph_stage_and_discount_by_it(tmp_path, war
         assert [t.reward for t in episode.turns] == pytest.approx([r * 0.5 ** d for r, d in zip(plain, depths)])
     if topology == "voting":
         assert all([t.depth for t in e.turns] == [0, 0, 0, 1] for e in episodes)
-    if topology == "reflective_code":  # D's loop is a chain: plan, code, verify, (revise, verify)*
+    if topology == "reflective_code":  # D's loop is a chain: plan, code, (reflect, revise)* while the run fails
         assert all([t.depth for t in e.turns] == list(range(len(e.turns))) for e in episodes)
-        assert {len(e.turns) for e in episodes} - {3, 5, 7} == set()
+        assert {len(e.turns) for e in episodes} - {2, 4, 6} == set()
 
 
 def _d_episode(rounds: int, correct: bool) -> Episode:
-    """Workflow D's turns for a loop of `rounds` coder calls: plan, code, verify, (revise, verify)*."""
-    roles = ["planner", "coder", "verifier"] + ["coder", "verifier"] * (rounds - 1)
+    """Workflow D's turns for a loop of `rounds` coder calls: plan, code, (reflect, revise)*."""
+    roles = ["planner", "coder"] + ["reflector", "coder"] * (rounds - 1)
     turns = [Turn(role, 0, role, f"{role} prompt", [1], [2, 3], "x", False, index=i, depth=i) for i, role in enumerate(roles)]
     for turn in turns:
         turn.role_correct = correct
@@ -99,7 +99,7 @@ def _first_turn_advantage(cfg, episode: Episode, first_value: float = 0.3) -> fl
 @pytest.mark.parametrize("gae_gamma", ["1.0", "0.9"])
 def test_with_gae_a_correct_one_round_episode_is_worth_at_least_a_correct_three_round_one(tmp_path, gae_gamma):
     """The default (outcome_share_mode=auto -> last under GAE) pays a correct episode once, at its
-    last stage: the planner's first-turn advantage does not grow with the verify loop's rounds.
+    last stage: the planner's first-turn advantage does not grow with the loop's rounds.
     Copying the outcome to every turn (full) would pay the three-round loop about 2.3x."""
     cfg = cell(tmp_path, "topology=reflective_code", "task=code-synth", "algo.adv_estimator=gae",
                f"algo.gae_gamma={gae_gamma}")

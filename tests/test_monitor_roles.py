@@ -19,7 +19,7 @@ JUDGING = {
     ("qd_retrieve_answer", "qa-synth"): {"decomposer"},
     ("qd_retrieve_evidence_answer", "qa-synth"): {"decomposer"},
     ("mask_search", "qa-synth"): {"planner", "searcher"},
-    ("reflective_code", "code-synth"): {"verifier"},
+    ("reflective_code", "code-synth"): set(),  # its reflector writes free text; the jail's run stops the loop
     ("single", "arith"): set(),
 }
 

@@ -32,7 +32,7 @@ PAPER = {  # UnityMAS-O's paper: C's planning and answering agents share one mod
     "qd_retrieve_evidence_answer": {"decomposer": ["decomposer"], "extractor": ["extractor"], "answerer": ["answerer"]},
     "mask_search": {"plan_answer": ["answerer", "planner"], "searcher": ["searcher"], "summarizer": ["summarizer"],
                     "updater": ["updater"]},
-    "reflective_code": {"planner": ["planner"], "coder": ["coder"], "verifier": ["verifier"]},
+    "reflective_code": {"planner": ["planner"], "coder": ["coder"], "reflector": ["reflector"]},
 }
 
 

@@ -1,5 +1,5 @@
 """UnityMAS-O's workflows A-D (harness/workflows/graphs/): the generated QA world, the search and
-free-text contracts, the loops' bounds (D stops when the verifier accepts, never past 3 rounds;
+free-text contracts, the loops' bounds (D stops when its code passes the shown examples, never past 3 rounds;
 M-ASK stops on STOP, never past 3 searches), per-agent metrics, and every workflow training from
 the CLI on the tiny model."""
 import json
@@ -101,30 +101,39 @@ def cell_free_workflow_cfg():
     return OmegaConf.structured(WorkflowConfig)
 
 
-def test_reflective_code_stops_when_the_verifier_accepts_and_never_runs_past_three_rounds(code_task):
+def test_reflective_code_stops_when_its_code_passes_the_shown_examples_and_never_runs_past_three_rounds(code_task):
     workflow = _reflective(code_task)
     problem = code_task.problems("val")[0]
     wrong = code_task.wrong_answer(problem, random.Random(0))
+    assert code_task.check_text("plan", problem, "mul", {}) is False  # this problem's rule is not a product
 
-    def stubborn(prompt):  # a verifier that never accepts
-        return "REVISE: wrong output" if prompt.startswith("verify:") else "mul" if prompt.startswith("approach:") else wrong
+    def stubborn(prompt):  # a coder that never gets it right, whatever the reflection says
+        return "mul" if prompt.startswith(("approach:", "reflect:")) else wrong
 
     episode = _episode(workflow, problem, stubborn)
     assert episode.stats["rounds"] == 3
-    assert [t.role for t in episode.turns] == ["planner"] + ["coder", "verifier"] * 3
+    assert [t.role for t in episode.turns] == ["planner"] + ["coder", "reflector"] * 2 + ["coder"]
     assert not episode.grade.correct
+    reflections = [t for t in episode.turns if t.role == "reflector"]
+    assert all(t.prompt.endswith("run: fail") for t in reflections)  # the reflector reads the jail's run
+    assert [t.role_correct for t in reflections] == [False, False]  # it named the wrong operation
 
-    def accepts(prompt):  # the verifier accepts the first program that passes the shown examples
-        if prompt.startswith("verify:"):
-            return "ACCEPT" if prompt.endswith("run: pass") else "REVISE: wrong output"
+    right = code_task.PLANS[problem.meta["op"]]
+
+    def reflects(prompt):  # the revision follows the reflection; the run, not a model, ends the loop
         if prompt.startswith("approach:"):
             return "mul"
-        return problem.answer if "last:" in prompt else wrong
+        if prompt.startswith("reflect:"):
+            return right
+        return problem.answer if f"note: {right}" in prompt else wrong
 
-    episode = _episode(workflow, problem, accepts)
+    episode = _episode(workflow, problem, reflects)
     assert episode.stats["rounds"] == 2 and episode.grade.correct
-    verifier = [t for t in episode.turns if t.role == "verifier"]
-    assert [t.role_correct for t in verifier] == [True, True]  # revised the wrong draft, accepted the right one
+    assert [t.role for t in episode.turns] == ["planner", "coder", "reflector", "coder"]
+    assert episode.turns[2].role_correct
+
+    episode = _episode(workflow, problem, lambda p: right if p.startswith("approach:") else problem.answer)
+    assert [t.role for t in episode.turns] == ["planner", "coder"] and episode.stats["rounds"] == 1
 
 
 def test_mask_search_follows_the_notes_and_stops_within_three_searches(world):
@@ -304,7 +313,7 @@ def test_on_qwen3_scales_the_workflows_take_the_real_models_wording_on_hotpotqa(
     assert hits.startswith("Scott Derrickson (born July 16, 1966) is an American director")
 
 
-def test_the_verifiers_tool_runs_the_shown_example_in_the_jail_and_the_grade_runs_all(code_task):
+def test_ds_verification_runs_the_shown_example_in_the_jail_and_the_grade_runs_all(code_task):
     from harness.tasks.code import run_shown
     from tests.test_study_data import FIXTURES, everything, task_for
 
@@ -345,5 +354,5 @@ def test_a_prompt_override_naming_no_template_of_the_graph_is_one_error_naming_i
     proc = subprocess.run(python_cmd() + [f"root={tmp_path / 'runs'}", "topology=reflective_code", "task=code-synth",
                                           "workflow.prompts.judge=x"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "its templates: coder, coder_revise, planner, verifier" in proc.stderr
+    assert "its templates: coder, coder_revise, planner, reflector" in proc.stderr
     assert not (tmp_path / "runs").exists()

@@ -1,8 +1,8 @@
 """Which roles the monitors watch, found by what a role's contract is rather than by its name.
 
-A judging role answers with a short, fixed form: a verdict (Eval-Opt's evaluator, workflow D's
-verifier), an index (Voting's aggregator), a plan (the orchestrator, a decomposer), a search action
-(`SEARCH: <query>` or `STOP`: M-ASK's planner and searcher). Such a role growing its replies, or
+A judging role answers with a short, fixed form: a verdict (Eval-Opt's evaluator), an index
+(Voting's aggregator), a plan (the orchestrator, a decomposer), a search action (`SEARCH: <query>`
+or `STOP`: M-ASK's planner and searcher). Such a role growing its replies, or
 being paid to, is the early sign of role capture; an answer role (generator, voter, worker, coder)
 lengthening its reasoning is not. Found from the workflow's RoleSpecs, so every study topology, every
 UnityMAS-O graph and a user's own graph is covered; a setting may still name roles explicitly.

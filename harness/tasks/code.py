@@ -121,7 +121,7 @@ class MBPPTask(CodeTask):
         return "\n".join(lines)
 
     def shown_checks(self, problem: Problem) -> str:
-        """The test the prompt shows (what workflow D's verifier may run; grading runs them all)."""
+        """The test the prompt shows (what workflow D's verification runs; grading runs them all)."""
         return "\n".join([problem.meta["setup"], problem.meta["tests"][0]])
 
     def test_results(self, problem: Problem, text: str) -> tuple:
@@ -308,7 +308,7 @@ class DeepCoderTask(CodeTask):
         return f"_CASES = {cases!r}\n_NAME = {problem.meta['fn']!r}\n" + body.replace("{{", "{").replace("}}", "}")
 
     def shown_checks(self, problem: Problem) -> str:
-        """The first case only (what workflow D's verifier may run; grading runs them all)."""
+        """The first case only (what workflow D's verification runs; grading runs them all)."""
         return self.checks(problem, problem.meta["cases"][:1])
 
 
@@ -370,16 +370,20 @@ class CodeSynthTask(CodeTask, WarmupSupport):
     def feedback_vocabulary(self) -> List[str]:
         return ["wrong output"]
 
-    # -- the reflective-verification loop (UnityMAS-O's workflow D): plan, code, run, verify
+    # -- the reflective-verification loop (UnityMAS-O's workflow D): plan, code, run, reflect
     PLANS = {"+": "add", "-": "sub", "*": "mul"}
-    DEMONSTRATIONS_VERSION = 3  # part of the warm key of workflow D's cells: bump when `demonstrate` changes
+    DEMONSTRATIONS_VERSION = 4  # part of the warm key of workflow D's cells: bump when `demonstrate` changes
 
     def shown_checks(self, problem: Problem) -> str:
-        """Checks of the two examples the question shows (what a verifier may run; grading uses all five)."""
+        """Checks of the two examples the question shows (what D's verification runs; grading uses all five)."""
         return "\n".join(f"assert f({x}) == {y}" for x, y in problem.meta["tests"][:2])
 
+    def _reflection(self, problem: Problem, rng: random.Random) -> str:
+        """A reflector's demonstration: the operation the shown examples imply, wrong 30% of the time."""
+        return self.PLANS[problem.meta["op"]] if rng.random() >= 0.3 else rng.choice(list(self.PLANS.values()))
+
     def check_text(self, check: str, problem: Problem, text: str, fields: dict) -> Optional[bool]:
-        if check == "plan":  # the planner names the rule's operation
+        if check == "plan":  # the planner (and the reflector) names the rule's operation
             return text.strip().lower() == self.PLANS[problem.meta["op"]]
         raise ValueError(f"code-synth cannot check '{check}'; valid: plan")
 
@@ -392,24 +396,14 @@ class CodeSynthTask(CodeTask, WarmupSupport):
         if template == "coder":  # solves from the examples; a plan is a hint it may not trust
             code = problem.answer if not wrong else self.wrong_answer(problem, rng)
             return prompts[template].format(question=q, plan=plan), code
-        if template == "coder_revise":
-            draft = self.wrong_answer(problem, rng)
+        if template == "coder_revise":  # the note is a reflection naming the operation; the coder may not trust it
+            draft, note = self.wrong_answer(problem, rng), self._reflection(problem, rng)
             code = problem.answer if not wrong else self.wrong_answer(problem, rng)
-            return prompts[template].format(question=q, plan=plan, draft=draft, feedback="wrong output"), code
-        if template == "verifier":
-            code = problem.answer if rng.random() < 0.5 else self.wrong_answer(problem, rng)
-            passed = all(_apply_rule(code, x) == y for x, y in problem.meta["tests"][:2])  # our own rule: no jail needed
-            result = "pass" if passed else "fail"
-            accept = passed != (rng.random() < 0.2)
-            return (prompts[template].format(question=q, code=code, result=result),
-                    "ACCEPT" if accept else "REVISE: wrong output")
+            return prompts[template].format(question=q, plan=plan, draft=draft, feedback=note), code
+        if template == "reflector":  # a program that failed the shown examples, and what to change
+            code = self.wrong_answer(problem, rng)
+            return prompts[template].format(question=q, code=code, result="fail"), self._reflection(problem, rng)
         return None
-
-
-def _apply_rule(rule: str, x: int) -> int:
-    """A generated rule 'x<op><c>' on x, computed here (demonstrations only: never model output)."""
-    op, c = rule[1], int(rule[2:])
-    return x + c if op == "+" else x - c if op == "-" else x * c
 
 
 def run_shown(code: str, problem: Problem, task: CodeTask) -> str:

@@ -4,8 +4,9 @@ async episode program the scheduler batches.
 A graph names its roles (each with an output contract and an instance count) and its nodes; a
 node is one LLM role call, several calls of one role at once, or a tool (a Python callable).
 Execution starts at the first node and, after each node, follows the first outgoing edge whose
-condition holds; it ends where no edge fires. A cycle must pass through a conditional edge with
-`max_rounds`, so every loop is bounded.
+condition holds (`when: <node>.<field>`, true when the field is; or `<node>.<field> != <text>`
+and `== <text>`, comparing its text, e.g. a tool's 'pass'); it ends where no edge fires. A cycle
+must pass through a conditional edge with `max_rounds`, so every loop is bounded.
 
     name: vote3
     roles: {voter: {contract: answer, instances: 3}, aggregator: {contract: index}}
@@ -102,7 +103,7 @@ class NodeSpec:
 class EdgeSpec:
     source: str
     target: str
-    when: Optional[str] = None  # "<node>.<boolean field>"
+    when: Optional[str] = None  # "<node>.<boolean field>", or "<node>.<field> == <text>" / "!= <text>"
     max_rounds: Optional[int] = None
 
 
@@ -222,7 +223,7 @@ def _check(spec: GraphSpec) -> None:
         if edge.max_rounds is not None and (not isinstance(edge.max_rounds, (int, str)) or edge.when is None):
             raise GraphError(f"edge {edge.source} -> {edge.target}: max_rounds goes with a condition (when:)")
         if edge.when is not None:
-            _field_ref(spec, edge.when, f"edge {edge.source} -> {edge.target}")
+            _field_ref(spec, parse_condition(edge.when)[0], f"edge {edge.source} -> {edge.target}")
     if spec.final not in nodes:
         raise GraphError(f"final names unknown node '{spec.final}'")
     for node in nodes.values():
@@ -262,6 +263,25 @@ def _default(ref: str) -> Tuple[str, Optional[str]]:
     loop's first round)."""
     ref, sep, default = ref.partition("??")
     return ref.strip(), (default.strip() if sep else None)
+
+
+def parse_condition(when: str) -> Tuple[str, Optional[str], Optional[str]]:
+    """An edge's condition as (field reference, operator, text): 'verify.revise' holds when the
+    field is true; 'run.text != pass' compares a field's text (a tool's result: the code ran clean)."""
+    for op in ("==", "!="):
+        ref, sep, text = str(when).partition(op)
+        if sep:
+            return ref.strip(), op, text.strip()
+    return str(when).strip(), None, None
+
+
+def _holds(condition: Tuple[str, Optional[str], Optional[str]], state) -> bool:
+    ref, op, text = condition
+    node, _, name = ref.partition(".")
+    value = state[node].fields.get(name)
+    if op is None:
+        return bool(value)
+    return (str(value) == text) == (op == "==")
 
 
 def _field_ref(spec: GraphSpec, ref: str, where: str) -> None:
@@ -402,8 +422,7 @@ class GraphWorkflow(Workflow):
             if edge.source != node:
                 continue
             if edge.when is not None:
-                ref, _, name = edge.when.partition(".")
-                if not state[ref].fields.get(name):
+                if not _holds(parse_condition(edge.when), state):
                     continue
                 if edge.max_rounds is not None:
                     if rounds.get(index, 0) >= self._count(edge.max_rounds):

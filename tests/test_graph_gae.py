@@ -74,14 +74,14 @@ def test_real_episodes_record_their_graph_stage_and_discount_by_it(tmp_path, war
         assert [t.reward for t in episode.turns] == pytest.approx([r * 0.5 ** d for r, d in zip(plain, depths)])
     if topology == "voting":
         assert all([t.depth for t in e.turns] == [0, 0, 0, 1] for e in episodes)
-    if topology == "reflective_code":  # D's loop is a chain: plan, code, (reflect, revise)* while the run fails
+    if topology == "reflective_code":  # D's loop is a chain: plan, code, (reflect, plan, code)* while the run fails
         assert all([t.depth for t in e.turns] == list(range(len(e.turns))) for e in episodes)
-        assert {len(e.turns) for e in episodes} - {2, 4, 6} == set()
+        assert {len(e.turns) for e in episodes} - {2, 5, 8} == set()
 
 
 def _d_episode(rounds: int, correct: bool) -> Episode:
-    """Workflow D's turns for a loop of `rounds` coder calls: plan, code, (reflect, revise)*."""
-    roles = ["planner", "coder"] + ["reflector", "coder"] * (rounds - 1)
+    """Workflow D's turns for a loop of `rounds` rounds: plan, code, (reflect, plan, code)*."""
+    roles = ["planner", "coder"] + ["reflector", "planner", "coder"] * (rounds - 1)
     turns = [Turn(role, 0, role, f"{role} prompt", [1], [2, 3], "x", False, index=i, depth=i) for i, role in enumerate(roles)]
     for turn in turns:
         turn.role_correct = correct

@@ -102,35 +102,42 @@ def cell_free_workflow_cfg():
 
 
 def test_reflective_code_stops_when_its_code_passes_the_shown_examples_and_never_runs_past_three_rounds(code_task):
+    """Upstream's loop: each round plans, codes and runs the code; a failed run is reflected on, and
+    the reflection reaches the next round's planner, the last program the next coder."""
     workflow = _reflective(code_task)
     problem = code_task.problems("val")[0]
     wrong = code_task.wrong_answer(problem, random.Random(0))
     assert code_task.check_text("plan", problem, "mul", {}) is False  # this problem's rule is not a product
 
-    def stubborn(prompt):  # a coder that never gets it right, whatever the reflection says
+    def stubborn(prompt):  # a coder that never gets it right, whatever the plan says
         return "mul" if prompt.startswith(("approach:", "reflect:")) else wrong
 
     episode = _episode(workflow, problem, stubborn)
     assert episode.stats["rounds"] == 3
-    assert [t.role for t in episode.turns] == ["planner"] + ["coder", "reflector"] * 2 + ["coder"]
+    assert [t.role for t in episode.turns] == ["planner", "coder"] + ["reflector", "planner", "coder"] * 2
     assert not episode.grade.correct
     reflections = [t for t in episode.turns if t.role == "reflector"]
     assert all(t.prompt.endswith("run: fail") for t in reflections)  # the reflector reads the jail's run
     assert [t.role_correct for t in reflections] == [False, False]  # it named the wrong operation
+    planners = [t.prompt for t in episode.turns if t.role == "planner"]
+    assert planners[0].endswith("hint: none") and planners[1].endswith("hint: mul")
+    qwen3 = _episode(workflow, problem, stubborn, {**workflow.spec.prompts, **workflow.spec.prompt_sets["qwen3"]})
+    coders = [t.prompt for t in qwen3.turns if t.role == "coder"]  # the real models' coder sees its last program
+    assert "Previous attempt's code: none" in coders[0] and f"Previous attempt's code: {wrong}" in coders[1]
 
     right = code_task.PLANS[problem.meta["op"]]
 
-    def reflects(prompt):  # the revision follows the reflection; the run, not a model, ends the loop
+    def reflects(prompt):  # the next round follows the reflection; the run, not a model, ends the loop
         if prompt.startswith("approach:"):
-            return "mul"
+            return right if prompt.endswith(f"hint: {right}") else "mul"
         if prompt.startswith("reflect:"):
             return right
-        return problem.answer if f"note: {right}" in prompt else wrong
+        return problem.answer if f"idea: {right}" in prompt else wrong
 
     episode = _episode(workflow, problem, reflects)
     assert episode.stats["rounds"] == 2 and episode.grade.correct
-    assert [t.role for t in episode.turns] == ["planner", "coder", "reflector", "coder"]
-    assert episode.turns[2].role_correct
+    assert [t.role for t in episode.turns] == ["planner", "coder", "reflector", "planner", "coder"]
+    assert [t.role_correct for t in episode.turns if t.role != "coder"] == [False, True, True]
 
     episode = _episode(workflow, problem, lambda p: right if p.startswith("approach:") else problem.answer)
     assert [t.role for t in episode.turns] == ["planner", "coder"] and episode.stats["rounds"] == 1
@@ -354,5 +361,5 @@ def test_a_prompt_override_naming_no_template_of_the_graph_is_one_error_naming_i
     proc = subprocess.run(python_cmd() + [f"root={tmp_path / 'runs'}", "topology=reflective_code", "task=code-synth",
                                           "workflow.prompts.judge=x"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "its templates: coder, coder_revise, planner, reflector" in proc.stderr
+    assert "its templates: coder, planner, reflector" in proc.stderr
     assert not (tmp_path / "runs").exists()

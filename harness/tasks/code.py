@@ -372,7 +372,7 @@ class CodeSynthTask(CodeTask, WarmupSupport):
 
     # -- the reflective-verification loop (UnityMAS-O's workflow D): plan, code, run, reflect
     PLANS = {"+": "add", "-": "sub", "*": "mul"}
-    DEMONSTRATIONS_VERSION = 4  # part of the warm key of workflow D's cells: bump when `demonstrate` changes
+    DEMONSTRATIONS_VERSION = 5  # part of the warm key of workflow D's cells: bump when `demonstrate` changes
 
     def shown_checks(self, problem: Problem) -> str:
         """Checks of the two examples the question shows (what D's verification runs; grading uses all five)."""
@@ -391,18 +391,17 @@ class CodeSynthTask(CodeTask, WarmupSupport):
         """Imperfect demonstrations of workflow D's roles (None for templates it does not serve)."""
         q, wrong = problem.question, rng.random() < 0.3
         plan = self.PLANS[problem.meta["op"]] if not wrong else rng.choice(list(self.PLANS.values()))
-        if template == "planner":
-            return prompts[template].format(question=q), plan
-        if template == "coder":  # solves from the examples; a plan is a hint it may not trust
+        if template == "planner":  # a first round's plan, or a later round's after a reflection
+            hint = "none" if rng.random() < 0.5 else self._reflection(problem, rng)
+            return prompts[template].format(question=q, reflection=hint), plan
+        if template == "coder":  # solves from the examples; the plan and its last program are hints it may not trust
+            draft = "none" if rng.random() < 0.5 else self.wrong_answer(problem, rng)
             code = problem.answer if not wrong else self.wrong_answer(problem, rng)
-            return prompts[template].format(question=q, plan=plan), code
-        if template == "coder_revise":  # the note is a reflection naming the operation; the coder may not trust it
-            draft, note = self.wrong_answer(problem, rng), self._reflection(problem, rng)
-            code = problem.answer if not wrong else self.wrong_answer(problem, rng)
-            return prompts[template].format(question=q, plan=plan, draft=draft, feedback=note), code
+            return prompts[template].format(question=q, plan=plan, draft=draft), code
         if template == "reflector":  # a program that failed the shown examples, and what to change
             code = self.wrong_answer(problem, rng)
-            return prompts[template].format(question=q, code=code, result="fail"), self._reflection(problem, rng)
+            return (prompts[template].format(question=q, plan=plan, code=code, result="fail"),
+                    self._reflection(problem, rng))
         return None
 
 

@@ -320,7 +320,7 @@ def test_a_graph_files_cell_from_the_sweep_trains(tmp_path, warm_model_dir):
 
 
 def test_the_unitymas_sweep_takes_the_papers_sharing_on_its_axis():
-    cfg = compose(["sweep=unitymas", "sweep.axes.sharing=[paper]", "sweep.axes.scale=[tiny-s]"])
+    cfg = compose(["sweep=unitymas_grpo", "sweep.axes.sharing=[paper]", "sweep.axes.scale=[tiny-s]"])
     cells = expand(cfg.sweep, cfg.cluster, "runs")
     assert sorted(c.cell_id for c in cells if not c.is_baseline) == [
         "mask_search-paper-qa-synth-tiny-s-s0", "qd_retrieve_answer-paper-qa-synth-tiny-s-s0",
@@ -328,12 +328,12 @@ def test_the_unitymas_sweep_takes_the_papers_sharing_on_its_axis():
     check_cells(cells, strict=True)
 
 
-def test_the_unitymas_paper_sweep_trains_ppo_with_gae_under_the_papers_map():
-    """sweep=unitymas trains GRPO under sp / partial / ip; the paper trains PPO with a GAE critic under
-    its agents-to-models map: sweep=unitymas_paper is that, every cell of it (baselines too)."""
+def test_the_unitymas_sweep_trains_ppo_with_gae_under_the_papers_map():
+    """sweep=unitymas_grpo trains GRPO under sp / partial / ip; the paper trains PPO with a GAE critic
+    under its agents-to-models map: sweep=unitymas is that, every cell of it (baselines too)."""
     from harness.validation import config_from_dict
 
-    cfg = compose(["sweep=unitymas_paper"])
+    cfg = compose(["sweep=unitymas"])
     cells = expand(cfg.sweep, cfg.cluster, "runs")
     check_cells(cells, strict=True)
     resolved = [config_from_dict(c.overrides) for c in cells]

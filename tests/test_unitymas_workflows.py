@@ -254,13 +254,13 @@ def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tm
     started = subprocess.run(["bash", "slurm/local-cluster.sh", "start"], cwd=REPO, capture_output=True, text=True,
                              timeout=600)
     assert started.returncode == 0, started.stdout + started.stderr
-    result = launch(tmp_path, "sweep=unitymas", "sweep.axes.scale=[tiny-s]", "sweep.axes.sharing=[ip]",
+    result = launch(tmp_path, "sweep=unitymas_grpo", "sweep.axes.scale=[tiny-s]", "sweep.axes.sharing=[ip]",
                     "sweep.cell.steps=3", "sweep.cell.val_every=3", "sweep.cell.val_problems=8", f"+sweep.cell.{WARMUP}",
                     "wait=true",
                     timeout=1800)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "submitted 6 cells to SLURM" in result.stdout and "summary: 6 finished" in result.stdout, result.stdout
-    report = tmp_path / "unitymas" / "report" / "index.html"
+    report = tmp_path / "unitymas_grpo" / "report" / "index.html"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=find_chromium(), args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page()
@@ -271,7 +271,7 @@ def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tm
     for topology in ("qd_retrieve_answer", "qd_retrieve_evidence_answer", "mask_search", "reflective_code"):
         assert f"{topology}-ip-" in section, topology
         task = "code-synth" if topology == "reflective_code" else "qa-synth"
-        _check_run(tmp_path / "unitymas" / f"{topology}-ip-{task}-tiny-s-s0", topology, task, "ip")
+        _check_run(tmp_path / "unitymas_grpo" / f"{topology}-ip-{task}-tiny-s-s0", topology, task, "ip")
     # 3 steps a cell: the first step against the last (never the same steps twice)
     assert "EM first 1" in section and "F1 last 1" in section and "rounds first 1" in section
     assert "all passed first 1" in section and "first vs last 1 steps" in section
@@ -283,9 +283,9 @@ def test_unitymas_sweep_runs_on_slurm_and_its_report_shows_the_four_workflows(tm
     # the loops' length over training: the sweep's figure and the run reports' of the looping workflows
     assert "Loop rounds over training" in text and (report.parent / "loops.png").stat().st_size > 5000
     for looping in ("reflective_code-ip-code-synth-tiny-s-s0", "mask_search-ip-qa-synth-tiny-s-s0"):
-        run_report = tmp_path / "unitymas" / looping / "report"
+        run_report = tmp_path / "unitymas_grpo" / looping / "report"
         assert (run_report / "loops.png").is_file() and "Loop rounds over training" in (run_report / "index.html").read_text()
-    assert not (tmp_path / "unitymas" / "qd_retrieve_answer-ip-qa-synth-tiny-s-s0" / "report" / "loops.png").exists()
+    assert not (tmp_path / "unitymas_grpo" / "qd_retrieve_answer-ip-qa-synth-tiny-s-s0" / "report" / "loops.png").exists()
 
 
 def test_a_graph_brings_its_reward_weights_and_the_cell_overrides_them(tmp_path):

@@ -37,6 +37,7 @@ OUTCOME_SHARE_MODES = ("auto", "full", "last", "split")
 OUTCOME_METRICS = ("auto", "exact", "f1")
 ADV_ESTIMATORS = ("grpo", "gae")
 ADV_WHITENINGS = ("policy", "cell")
+GAE_SCOPES = ("graph", "turn")
 MODEL_TRAINING = ("lora", "full")
 
 
@@ -216,6 +217,10 @@ class AlgoConfig:
     adv_estimator: str = choice("grpo", ADV_ESTIMATORS, "advantage estimator")  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)
     gae_gamma: float = ranged(1.0, "[0,1]")  # GAE's discount over an episode's turns (verl's default 1.0)
     gae_lambda: float = ranged(1.0, "[0,1]")  # GAE's lambda (verl's default 1.0)
+    # gae: `graph` runs GAE over the episode's graph stages, a stage's successor value from the next
+    # stage's critic; `turn` makes every turn a one-step episode of its own policy (next value 0), as
+    # UnityMAS-O's trainer does (docs/unitymas.md)
+    gae_scope: str = choice("graph", GAE_SCOPES, "GAE scope")
     # gae: advantages whitened over all the cell's turns at once (`cell`: one verl batch), or within each
     # policy's turns (`policy`: UnityMAS-O, every worker group in its own buffer; docs/unitymas.md says why
     # it is not the default yet)

@@ -133,10 +133,11 @@ class Controller:
         return StepResult(metrics, episodes)
 
     def _gae_advantages(self, episodes: List[Episode]) -> dict:
-        """Each turn's value from its policy's critic, GAE over each episode's graph stages, whitened
+        """Each turn's value from its policy's critic, GAE over each episode's graph stages (or each turn
+        alone: algo.gae_scope=turn), whitened
         within each policy's turns (or the step's: algo.adv_whiten); returns what the critic update
         needs (old values, returns per turn)."""
-        from harness.algo.critic import stage_gae, whiten, whiten_within
+        from harness.algo.critic import one_step_gae, stage_gae, whiten, whiten_within
 
         turns = [t for e in episodes for t in e.turns]
         values = {}
@@ -146,8 +147,12 @@ class Controller:
                 values[id(turn)] = float(value)
         advantages, returns = {}, {}
         for episode in episodes:
-            adv, ret = stage_gae([t.reward for t in episode.turns], [values[id(t)] for t in episode.turns],
-                                 [t.depth for t in episode.turns], self.cfg.algo.gae_gamma, self.cfg.algo.gae_lambda)
+            rewards, olds = [t.reward for t in episode.turns], [values[id(t)] for t in episode.turns]
+            if self.cfg.algo.gae_scope == "turn":
+                adv, ret = one_step_gae(rewards, olds)
+            else:
+                adv, ret = stage_gae(rewards, olds, [t.depth for t in episode.turns], self.cfg.algo.gae_gamma,
+                                     self.cfg.algo.gae_lambda)
             for turn, a, r in zip(episode.turns, adv, ret):
                 advantages[id(turn)], returns[id(turn)] = a, r
         raw = [advantages[id(t)] for t in turns]

@@ -49,11 +49,12 @@ def load_allocator(path: str) -> Callable:
     return function
 
 
-def resolved_share_mode(mode: str, adv_estimator: str) -> str:
-    """`auto`: `last` under GAE (returns sum rewards over turns), `full` under GRPO (the study's)."""
+def resolved_share_mode(mode: str, adv_estimator: str, gae_scope: str = "graph") -> str:
+    """`auto`: `last` under GAE over the graph (returns sum rewards over turns), `full` under GRPO (the
+    study's) and under GAE where every turn is its own episode (algo.gae_scope=turn: nothing sums)."""
     if mode != "auto":
         return mode
-    return "last" if adv_estimator == "gae" else "full"
+    return "last" if adv_estimator == "gae" and gae_scope == "graph" else "full"
 
 
 def outcome_shares(episode: Episode, mode: str) -> List[float]:

@@ -75,6 +75,19 @@ def test_a_gae_cell_trains_its_critic_logs_it_per_role_and_resumes_exactly(tmp_p
     assert {"critic.safetensors", "critic_optimizers.json"} <= files
 
 
+def test_with_every_turn_alone_a_turns_advantage_is_its_reward_less_its_value(tmp_path, warm_model_dir):
+    """algo.gae_scope=turn on a real run: per role and step, the mean raw advantage is the mean reward
+    less the mean value (nothing from later turns); over the graph (the default) it is not."""
+    common = ("topology=eval_opt", "algo.adv_estimator=gae", "val_every=100", "samples_every=0", "steps=2",
+              "algo.problems_per_step=4")
+    for scope, alone in (("turn", True), ("graph", False)):
+        cfg = cell(tmp_path / scope, *common, f"algo.gae_scope={scope}")
+        assert run_cell(cfg, log=lambda *_: None) == "finished"
+        gaps = [m[f"role/{r}/adv_mean"] - (m[f"role/{r}/reward"] - m[f"role/{r}/value"])
+                for m in read_jsonl(run_dir_of(cfg).file("metrics.jsonl")) for r in ("generator", "evaluator")]
+        assert (max(map(abs, gaps)) < 1e-6) == alone, (scope, gaps)
+
+
 def test_gae_on_the_verl_engine_trains_verls_critic_and_resumes_exactly(tmp_path, warm_model_dir):
     """engine=verl: verl's critic worker group (value-head FSDP engine, verl's value_loss) per policy.
     Its first value loss each step is the harness's clipped loss on the logged values and returns

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from harness.algo.critic import stage_gae, turn_gae
+from harness.algo.critic import one_step_gae, stage_gae, turn_gae, verl_gae
 from harness.rewards import assign_rewards
 from harness.tasks.base import Grade, Problem
 from harness.episodes import Episode, Turn
@@ -110,6 +110,27 @@ def test_with_gae_a_correct_one_round_episode_is_worth_at_least_a_correct_three_
     full = copy.deepcopy(cfg)
     full.reward.outcome_share_mode = "full"
     assert _first_turn_advantage(full, _d_episode(3, True)) > _first_turn_advantage(full, _d_episode(1, True)) + 0.5
+
+
+def test_gae_with_every_turn_alone_is_verls_gae_on_one_step_episodes_and_pays_each_turn_its_own_outcome(tmp_path):
+    """algo.gae_scope=turn, UnityMAS-O's trainer: each turn a one-step episode of its own policy, so
+    its advantage is its reward less its value whatever follows it; the outcome lands on every turn
+    (auto -> full: no return sums rewards), and a three-round loop's planner is paid as a one-round one's."""
+    rewards, values = [0.0, 1.0, 0.5, 1.0], [0.2, 0.4, 0.1, 0.9]
+    adv, ret = one_step_gae(rewards, values)
+    assert adv == pytest.approx([-0.2, 0.6, 0.4, 0.1]) and ret == rewards
+    verl_adv, verl_ret = verl_gae([([r], [v]) for r, v in zip(rewards, values)], 1.0, 1.0)  # one token a row
+    assert [r for row in verl_ret for r in row] == pytest.approx(rewards)
+    mean, sd = sum(adv) / 4, (sum((a - sum(adv) / 4) ** 2 for a in adv) / 3) ** 0.5  # verl whitens over the batch
+    assert [a for row in verl_adv for a in row] == pytest.approx([(a - mean) / sd for a in adv], abs=1e-6)
+    cfg = cell(tmp_path, "topology=reflective_code", "task=code-synth", "algo.adv_estimator=gae", "algo.gae_scope=turn")
+    assert cfg.reward.outcome_share_mode == "full"
+    first = []
+    for rounds in (1, 3):
+        episode = _d_episode(rounds, True)
+        assign_rewards(episode, cfg.reward, cfg.algo.adv_estimator)
+        first.append(one_step_gae([t.reward for t in episode.turns], [0.3] * len(episode.turns))[0][0])
+    assert first[0] == pytest.approx(first[1]) and first[0] > 0
 
 
 def test_grpo_keeps_the_studys_outcome_on_every_turn(tmp_path):

@@ -17,6 +17,9 @@ are whitened within each policy's turns (`algo.adv_whiten=policy`, UnityMAS-O's 
 with its own buffer; verl's masked_whiten) or over all the step's turns (`cell`, one verl batch),
 the value loss is verl's clipped one,
 0.5 * mean(max((V - R)^2, (clip(V, V_old +- c) - R)^2)).
+
+`algo.gae_scope=turn` is UnityMAS-O's own trainer instead: every turn a one-step episode of its
+policy (A_t = r_t - V(s_t), R_t = r_t; `one_step_gae`), so nothing bootstraps across turns or models.
 """
 from __future__ import annotations
 
@@ -56,6 +59,14 @@ def stage_gae(rewards: Sequence[float], values: Sequence[float], depths: Sequenc
         next_value = sum(values[i] for i in members) / len(members)
         next_advantage = sum(advantages[i] for i in members) / len(members)
     return advantages, [a + v for a, v in zip(advantages, values)]
+
+
+def one_step_gae(rewards: Sequence[float], values: Sequence[float]) -> Tuple[List[float], List[float]]:
+    """(advantages, returns) with every turn a one-step episode (algo.gae_scope=turn): A = r - V(s),
+    R = r. UnityMAS-O's trainer files each LLM call as its own trajectory (done, next value 0) and
+    runs verl's GAE per model on its own critic's values, so nothing bootstraps across turns or
+    models (upstream verl/experimental/star_ppo/ray_trainer.py, _run_model_ppo_update)."""
+    return [r - v for r, v in zip(rewards, values)], [float(r) for r in rewards]
 
 
 def verl_gae(episodes: Sequence[Tuple[Sequence[float], Sequence[float]]], gamma: float,

@@ -320,6 +320,51 @@ def test_on_qwen3_scales_the_workflows_take_the_real_models_wording_on_hotpotqa(
     assert hits.startswith("Scott Derrickson (born July 16, 1966) is an American director")
 
 
+def test_ds_upstream_allocator_pays_each_round_its_gain_and_the_reflector_the_next_rounds(code_task):
+    """reward.allocator=harness.allocators:code_turn_level on D's real control flow: a loop that fixes
+    the program in round 2 pays round 1 nothing, the reflection and round 2 the gain; a malformed
+    reply costs 1 (upstream's format reward); a loop that never passes pays nothing."""
+    from harness.allocators import code_turn_level
+
+    workflow = _reflective(code_task)
+    problem = code_task.problems("val")[0]
+    wrong, right = code_task.wrong_answer(problem, random.Random(0)), code_task.PLANS[problem.meta["op"]]
+
+    def fixes(prompt):  # round 1 fails; the reflection names the rule and round 2 passes
+        if prompt.startswith("approach:"):
+            return right if prompt.endswith(f"hint: {right}") else "mul"
+        if prompt.startswith("reflect:"):
+            return right
+        return problem.answer if f"idea: {right}" in prompt else wrong
+
+    episode = _episode(workflow, problem, fixes)
+    assert [t.role for t in episode.turns] == ["planner", "coder", "reflector", "planner", "coder"]
+    assert code_turn_level(episode, None) == [0.0, 0.0, 1.0, 1.0, 1.0]
+    episode.turns[3].malformed = True
+    assert code_turn_level(episode, None) == [0.0, 0.0, 1.0, 0.0, 1.0]
+    first_try = _episode(workflow, problem, lambda p: right if p.startswith("approach:") else problem.answer)
+    assert code_turn_level(first_try, None) == [1.0, 1.0]
+    never = _episode(workflow, problem, lambda p: "mul" if p.startswith(("approach:", "reflect:")) else wrong)
+    assert code_turn_level(never, None) == [0.0] * 8
+
+
+def test_d_trains_as_upstream_does_per_turn_gae_on_its_turn_level_rewards(tmp_path):
+    from harness.run import run_cell, run_dir_of
+    from harness.run_dir import read_jsonl
+
+    cfg = cell(tmp_path, "topology=reflective_code", "task=code-synth", "sharing=paper", "scale=tiny-s", "steps=2",
+               "val_every=100", "algo.adv_estimator=gae", "algo.gae_scope=turn",
+               "reward.allocator=harness.allocators:code_turn_level")
+    assert run_cell(cfg, log=lambda *_: None) == "finished"
+    rows = read_jsonl(run_dir_of(cfg).file("metrics.jsonl"))
+    for row in rows:  # each turn its own one-step episode: advantage = the allocator's reward - the value
+        for role in ("planner", "coder", "reflector"):
+            if f"role/{role}/adv_mean" in row:
+                gap = row[f"role/{role}/adv_mean"] - (row[f"role/{role}/reward"] - row[f"role/{role}/value"])
+                assert abs(gap) < 1e-6, (role, gap)
+    assert {"role/planner/adv_mean", "role/coder/adv_mean"} <= set(rows[-1])
+
+
 def test_ds_verification_runs_the_shown_example_in_the_jail_and_the_grade_runs_all(code_task):
     from harness.tasks.code import run_shown
     from tests.test_study_data import FIXTURES, everything, task_for

@@ -101,6 +101,21 @@ def cell_free_workflow_cfg():
     return OmegaConf.structured(WorkflowConfig)
 
 
+def _fixed_in_round_two(task, problem, wrong):
+    """Scripted D replies: round 1 plans 'mul' and fails; the reflection names the rule, the next
+    round's planner follows it and its coder passes. The run, not a model, ends the loop."""
+    right = task.PLANS[problem.meta["op"]]
+
+    def reply(prompt):
+        if prompt.startswith("approach:"):
+            return right if prompt.endswith(f"hint: {right}") else "mul"
+        if prompt.startswith("reflect:"):
+            return right
+        return problem.answer if f"idea: {right}" in prompt else wrong
+
+    return reply
+
+
 def test_reflective_code_stops_when_its_code_passes_the_shown_examples_and_never_runs_past_three_rounds(code_task):
     """Upstream's loop: each round plans, codes and runs the code; a failed run is reflected on, and
     the reflection reaches the next round's planner, the last program the next coder."""
@@ -126,15 +141,7 @@ def test_reflective_code_stops_when_its_code_passes_the_shown_examples_and_never
     assert "Previous attempt's code: none" in coders[0] and f"Previous attempt's code: {wrong}" in coders[1]
 
     right = code_task.PLANS[problem.meta["op"]]
-
-    def reflects(prompt):  # the next round follows the reflection; the run, not a model, ends the loop
-        if prompt.startswith("approach:"):
-            return right if prompt.endswith(f"hint: {right}") else "mul"
-        if prompt.startswith("reflect:"):
-            return right
-        return problem.answer if f"idea: {right}" in prompt else wrong
-
-    episode = _episode(workflow, problem, reflects)
+    episode = _episode(workflow, problem, _fixed_in_round_two(code_task, problem, wrong))
     assert episode.stats["rounds"] == 2 and episode.grade.correct
     assert [t.role for t in episode.turns] == ["planner", "coder", "reflector", "planner", "coder"]
     assert [t.role_correct for t in episode.turns if t.role != "coder"] == [False, True, True]
@@ -329,15 +336,7 @@ def test_ds_upstream_allocator_pays_each_round_its_gain_and_the_reflector_the_ne
     workflow = _reflective(code_task)
     problem = code_task.problems("val")[0]
     wrong, right = code_task.wrong_answer(problem, random.Random(0)), code_task.PLANS[problem.meta["op"]]
-
-    def fixes(prompt):  # round 1 fails; the reflection names the rule and round 2 passes
-        if prompt.startswith("approach:"):
-            return right if prompt.endswith(f"hint: {right}") else "mul"
-        if prompt.startswith("reflect:"):
-            return right
-        return problem.answer if f"idea: {right}" in prompt else wrong
-
-    episode = _episode(workflow, problem, fixes)
+    episode = _episode(workflow, problem, _fixed_in_round_two(code_task, problem, wrong))
     assert [t.role for t in episode.turns] == ["planner", "coder", "reflector", "planner", "coder"]
     assert code_turn_level(episode, None) == [0.0, 0.0, 1.0, 1.0, 1.0]
     episode.turns[3].malformed = True

@@ -87,3 +87,14 @@ def test_each_listed_full_matrix_value_is_what_the_cells_resolve_to(resolved, ro
 ])
 def test_full_matrix_runs_the_sizes_the_studys_launcher_passes(resolved, scope, key, upstream):
     assert value_of(cell_for(resolved, scope), key) == upstream
+
+
+def test_under_the_studys_cluster_the_token_budget_is_the_study_launchers_for_its_gpus():
+    """dashboard/launch_experiment.sh:191-202 sets ppo_max_token_len_per_gpu per GPU type and size;
+    cluster=study runs 0.6B and 1.7B on L40S and 4B on H100, and resolves that table."""
+    cfg = compose(["sweep=full_matrix", "cluster=study"])
+    budgets = {}
+    for cell in expand(cfg.sweep, cfg.cluster, "runs"):
+        cell.overrides.setdefault("data", {})
+        budgets.setdefault(cell.axes["scale"], set()).add(value_of(cell, "verl.max_token_len_per_gpu"))
+    assert budgets == {"qwen3-0.6b": {28672}, "qwen3-1.7b": {23554}, "qwen3-4b": {40960}}

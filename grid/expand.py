@@ -207,6 +207,7 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
     paired = _paired_axes(sweep, extra_axes)
     excluded = _exclusions(sweep)
     base = OmegaConf.to_container(sweep.cell) if sweep.get("cell") is not None else {}
+    own = _topology_cells(sweep, axes["topology"])
     data = (str(sweep.get("task_data") or "checkpoint"), (base.get("data") or {}).get("root"))
     cells: Dict[str, Cell] = {}
     extra_product = list(itertools.product(*[[(name, label) for label in labels]
@@ -219,7 +220,8 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
             if any(_matches({**point, **extra}, rule) for rule in excluded):
                 continue
             extra_overrides = [extra_axes[name][label] or {} for name, label in extras]
-            cell = _make_cell(point, extra, base, extra_overrides, sweep.name, root, cluster, data, graphs[topology])
+            cell = _make_cell(point, extra, _merge(base, own.get(topology, {})), extra_overrides, sweep.name, root,
+                              cluster, data, graphs[topology])
             if sweep.get("baseline", True) and topology != "single":
                 shared = [(name, label) for name, label in extras if name in paired]
                 baseline = _make_cell(baseline_point, dict(shared), base,
@@ -230,6 +232,17 @@ def expand(sweep: DictConfig, cluster: DictConfig, root: str) -> List[Cell]:
                 _reference_run(cell, baseline)
             _add(cells, cell)
     return list(cells.values())
+
+
+def _topology_cells(sweep: DictConfig, topologies: List[str]) -> Dict[str, Dict[str, Any]]:
+    """`topology_cell: {<topology>: {...}}`: one workflow's own cell settings within the sweep, over
+    `cell` (D's reward allocator in sweep=unitymas); a topology the sweep does not run is an error."""
+    own = _plain(sweep.get("topology_cell")) or {}
+    unknown = sorted(set(own) - set(topologies))
+    if unknown:
+        raise GridError(f"sweep.topology_cell names {', '.join(unknown)}, not on the sweep's topology axis; "
+                        f"valid: {', '.join(topologies)}")
+    return {name: dict(settings or {}) for name, settings in own.items()}
 
 
 def _add(cells: Dict[str, Cell], cell: Cell) -> None:

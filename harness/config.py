@@ -36,8 +36,7 @@ ADV_NORMS = ("group", "agent")
 OUTCOME_SHARE_MODES = ("auto", "full", "last", "split")
 OUTCOME_METRICS = ("auto", "exact", "f1")
 ADV_ESTIMATORS = ("grpo", "gae")
-ADV_WHITENINGS = ("policy", "cell")
-GAE_SCOPES = ("graph", "turn")
+ADV_WHITENINGS, GAE_SCOPES = ("policy", "cell"), ("graph", "turn")
 MODEL_TRAINING = ("lora", "full")
 
 
@@ -217,13 +216,10 @@ class AlgoConfig:
     adv_estimator: str = choice("grpo", ADV_ESTIMATORS, "advantage estimator")  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)
     gae_gamma: float = ranged(1.0, "[0,1]")  # GAE's discount over an episode's turns (verl's default 1.0)
     gae_lambda: float = ranged(1.0, "[0,1]")  # GAE's lambda (verl's default 1.0)
-    # gae: `graph` runs GAE over the episode's graph stages, a stage's successor value from the next
-    # stage's critic; `turn` makes every turn a one-step episode of its own policy (next value 0), as
-    # UnityMAS-O's trainer does (docs/unitymas.md)
+    # gae: over the graph's stages, a successor the next stage's value (`graph`), or every turn a one-step
+    # episode of its policy, as UnityMAS-O's trainer (`turn`); advantages whitened over the cell's turns
+    # (`cell`: one verl batch) or within each policy's (`policy`: UnityMAS-O's worker groups; docs/unitymas.md)
     gae_scope: str = choice("graph", GAE_SCOPES, "GAE scope")
-    # gae: advantages whitened over all the cell's turns at once (`cell`: one verl batch), or within each
-    # policy's turns (`policy`: UnityMAS-O, every worker group in its own buffer; docs/unitymas.md says why
-    # it is not the default yet)
     adv_whiten: str = choice("cell", ADV_WHITENINGS, "advantage whitening")
     critic_lr: float = ranged(1e-3, ">0")  # the value heads' Adam (engine=local: a linear head on the policy's features)
     verl_critic_lr: float = ranged(1e-4, ">0")  # engine=verl: verl's critic, the whole base model with a value head

@@ -101,7 +101,6 @@ def _complete(cfg: CellConfig) -> CellConfig:
     apply_graph_rewards(cfg)
     if cfg.reward.outcome_share_mode == "auto":  # cell.yaml records the mode the cell trains with
         from harness.rewards import resolved_share_mode
-
         cfg.reward.outcome_share_mode = resolved_share_mode("auto", cfg.algo.adv_estimator, cfg.algo.gae_scope)
     if cfg.reward.outcome_metric == "auto":
         cfg.reward.outcome_metric = "f1" if cfg.task in QA_TASKS else "exact"

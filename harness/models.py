@@ -129,7 +129,12 @@ def chat_prompt(tokenizer, user_text: str) -> str:
     """The tokenizer's chat template around one user message, ready for generation.
 
     The template is rendered once per tokenizer (jinja is slow) and reused as a prefix/suffix.
-    Thinking is off, as in the study (Qwen3's template honours `enable_thinking`; others ignore it)."""
+    Thinking is off, as in the study (Qwen3's template honours `enable_thinking`; others ignore it).
+    A prompt the study's rendering already framed (harness/chat.py) is returned as it is."""
+    from harness.chat import Framed
+
+    if isinstance(user_text, Framed):
+        return str(user_text)
     if tokenizer not in _CHAT_CACHE:
         marker = "\x00MARKER\x00"
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from harness import qwen3_tokenizer
+from harness.chat import STUDY_SYSTEM
 from harness.models import chat_prompt
 from harness.run import run_dir_of
 from harness.workflows import build_workflow
@@ -61,10 +62,11 @@ def test_a_freed_tokenizers_template_is_never_served_to_another():
 
 def test_every_qwen3_template_names_its_output_format():
     for templates in (QWEN3_MATH, QWEN3_CODE):
-        assert "\\boxed{{Correct}}" in templates["evaluator"] and "FEEDBACK:" in templates["evaluator"]
+        assert "\\boxed{{Correct}}" in templates["evaluator"] and "solution above" in templates["evaluator"]
         assert "\\boxed{{N}}" in templates["aggregator"] and "{solutions}" in templates["aggregator"]
         assert "STRATEGY 1:" in templates["orchestrator"] and "{max_subtasks}" in templates["orchestrator"]
-    assert all("\\boxed{{}}" in QWEN3_MATH[r] for r in ("solver", "voter", "generator_revise", "worker", "synthesizer"))
+    assert all("\\boxed{{}}" in QWEN3_MATH[r] for r in ("solver", "voter", "worker", "synthesizer"))
+    assert "\\boxed{{}} format" in QWEN3_MATH["generator_revise"].format()  # upstream's, sent unformatted
     assert all("```python" in QWEN3_CODE[r] for r in ("solver", "voter", "generator_revise", "worker", "synthesizer"))
 
 
@@ -187,7 +189,11 @@ def test_every_topology_trains_3_steps_on_qwen3_tok(tmp_path, engine):
         for m in metrics:  # a fallback turn is always malformed: fallback rate <= 1 - format compliance
             assert all(m[f"role/{r}/fallback"] <= 1 - m[f"role/{r}/format_ok"] + 1e-9 for r in roles)
         turns = [t for s in map(json.loads, run.file("samples.jsonl").read_text().splitlines()) for t in s["turns"]]
-        assert turns and all(t["prompt"].startswith("You are") for t in turns)  # the study's wording
+        study = f"<|im_start|>system\n{STUDY_SYSTEM}<|im_end|>\n<|im_start|>user\nYou are"
+        assert turns and all(t["prompt"].startswith(study) for t in turns)  # the study's wording, framed as it frames it
+        judged = [t for t in turns if t["role"] == "evaluator"]
+        assert (topology == "eval_opt") == bool(judged)  # the evaluator follows the chat: the draft is a reply in it
+        assert all(t["prompt"].count("<|im_start|>assistant\n") >= 2 and "solution above" in t["prompt"] for t in judged)
         assert all(1 <= t["tokens"] <= 16 for t in turns)
 
 

@@ -117,8 +117,11 @@ class Agents:
     role instance's policy through the scheduler, and returns the finished Turn."""
 
     def __init__(self, scheduler: Scheduler, policy_of: Callable[[str, int], str],
-                 prompts: Dict[str, str], budgets: Dict[str, int], temperature: float, greedy: bool):
+                 prompts: Dict[str, str], budgets: Dict[str, int], temperature: float, greedy: bool,
+                 chat: str = "template"):
         self._scheduler = scheduler
+        self._chat = chat  # harness/chat.py: how a prompt is framed for the model
+        self.conversation: List[Tuple[str, str]] = []  # the episode's shared chat (the study's Eval-Opt history)
         self._policy_of = policy_of
         self._prompts = prompts
         self._budgets = budgets
@@ -127,8 +130,17 @@ class Agents:
         self.turns: List[Turn] = []
         self._frontier = 0  # the stage the episode's next request starts at
 
-    async def ask(self, role: str, instance: int = 0, template: Optional[str] = None, **fields: str) -> Turn:
-        prompt = self._prompts[template or role].format(**fields)
+    async def ask(self, role: str, instance: int = 0, template: Optional[str] = None, conversation: bool = False,
+                  **fields: str) -> Turn:
+        """One call of a role. With `conversation` (under the study's chat) the prompt follows the
+        episode's shared chat, as upstream's share_conversation_history: the first such turn's user
+        message, then every such turn's reply (rllm/workflows/evaluator_optimizer_workflow.py:311-430;
+        the later user prompts are not kept)."""
+        from harness.chat import frame, reply_content
+
+        text = self._prompts[template or role].format(**fields)
+        shared = conversation and self._chat == "study"
+        prompt = frame(self._chat, self.conversation if shared else (), text)
         policy = self._policy_of(role, instance)
         sampling = Sampling(self._budgets[role], self._temperature, self._greedy)
         depth = self._frontier  # requests filed together (a gather: voters, workers) are one stage;
@@ -138,6 +150,10 @@ class Agents:
                     generation.text, generation.truncated, index=len(self.turns), depth=depth,
                     rollout_log_probs=generation.log_probs)
         self.turns.append(turn)
+        if shared:
+            if not self.conversation:
+                self.conversation.append(("user", text))
+            self.conversation.append(("assistant", reply_content(turn.text)))
         return turn
 
     async def tool(self, tool: Callable[..., Any], **kwargs: Any) -> Any:

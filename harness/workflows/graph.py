@@ -39,7 +39,9 @@ prompt set under `prompt_sets: {qwen3: {...}}` (real models' wording over the ti
 may say it needs at least `max_new_tokens`; `partial: {policy: [roles]}` is what `sharing=partial`
 means for the graph, `paper: {policy: [roles]}` what `sharing=paper` means (UnityMAS-O's paper's mapping); `count: {metric: node}` logs how often a node ran per episode
 (`episode/<metric>`, e.g. a loop's rounds); `rewards: {role: {node: 0.5}}` are the graph's default
-reward weights per role (a cell's reward.per_role wins).
+reward weights per role (a cell's reward.per_role wins). `conversation: [nodes]` (single calls) share
+one chat under a prompt set that renders chats (qwen3, as the study's Eval-Opt): each sees the first's
+prompt and every earlier reply before its own prompt; one-message prompt sets (tiny) ignore it.
 Inputs map a prompt field to `question`, `item`, `workflow.<field>` or `<node>.<field>`, the
 last with a default while the node has not run (`"update.text ?? none"`: a loop's first round); a node
 may `writes: <other node>` to replace that node's result (a revision replaces the draft); `prompt`
@@ -120,6 +122,7 @@ class GraphSpec:
     counts: Dict[str, str] = field(default_factory=dict)  # episode metric -> the node whose runs it counts
     prompt_sets: Dict[str, Dict[str, str]] = field(default_factory=dict)  # e.g. qwen3: templates for real models
     rewards: Dict[str, Dict[str, float]] = field(default_factory=dict)  # role -> reward term weights (defaults)
+    conversation: Tuple[str, ...] = ()  # nodes that share the episode's chat (the study's chat only)
 
 
 def read_graph(source) -> dict:
@@ -186,8 +189,9 @@ def parse_graph(data: dict) -> GraphSpec:
             raise GraphError(f"rewards: {role} must be a role of the graph with terms {', '.join(REWARD_TERMS)}"
                              + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
         rewards[str(role)] = {str(k): float(v) for k, v in (terms or {}).items()}
+    conversation = tuple(str(n) for n in data.get("conversation") or ())
     spec = GraphSpec(str(data.get("name", "graph")), roles, nodes, edges, str(data["final"]), prompts, budgets,
-                     sharing, counts, prompt_sets, rewards)
+                     sharing, counts, prompt_sets, rewards, conversation)
     _check(spec)
     return spec
 
@@ -254,6 +258,11 @@ def _check(spec: GraphSpec) -> None:
     for metric, node in spec.counts.items():
         if node not in nodes:
             raise GraphError(f"count: {metric} names unknown node '{node}'")
+    single_calls = [n.id for n in nodes.values() if n.kind not in ("tool", "answers")]
+    for node in spec.conversation:
+        if node not in single_calls:
+            raise GraphError(f"conversation: '{node}' must be a node that makes one role call; "
+                             f"such nodes: {', '.join(single_calls)}")
     _check_reachable(spec)
     _check_bounded(spec)
 
@@ -457,7 +466,8 @@ class GraphWorkflow(Workflow):
             return await self._tool(spec, problem, agents, state)
         if spec.kind == "answers":
             return await self._answers(spec, problem, agents, state)
-        turn = await agents.ask(spec.role, 0, spec.prompt, **self._fields(spec, problem, state))
+        turn = await agents.ask(spec.role, 0, spec.prompt, spec.id in self.spec.conversation,
+                                **self._fields(spec, problem, state))
         if spec.kind == "answer":
             grade = self.mark_answer(turn, problem)
             return _Result([turn], {"text": turn.text.strip(), "answer": self.answer_of(turn), "correct": grade.correct}, grade)

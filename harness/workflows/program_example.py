@@ -17,15 +17,16 @@ class EvalOptProgram(Workflow):
 
     async def episode(self, problem, agents: Agents) -> Episode:
         question = problem.question
-        draft = await agents.ask("generator", 0, question=question)
+        # conversation: the three calls share one chat under the qwen3 prompts, as the study's Eval-Opt
+        draft = await agents.ask("generator", 0, conversation=True, question=question)
         for iteration in range(self.cfg.max_iterations):
             draft_correct = self.mark_answer(draft, problem).correct
-            judgement = await agents.ask("evaluator", 0, question=question, draft=self.answer_of(draft),
-                                         draft_text=draft.text.strip())
+            judgement = await agents.ask("evaluator", 0, conversation=True, question=question,
+                                         draft=self.answer_of(draft), draft_text=draft.text.strip())
             verdict = self.mark_verdict(judgement, draft_correct)
             if verdict.verdict == ACCEPT or iteration == self.cfg.max_iterations - 1:
                 break
-            draft = await agents.ask("generator", 0, "generator_revise", question=question,
+            draft = await agents.ask("generator", 0, "generator_revise", conversation=True, question=question,
                                      draft=self.answer_of(draft), draft_text=draft.text.strip(),
                                      feedback=verdict.feedback or "none")
         grade = self.task.grade(problem, draft.text)

@@ -5,9 +5,10 @@ DEFAULT_PROMPTS); its contracts are exact (`ACCEPT`, `REVISE: <feedback>`, a bar
 subtasks split by `;`), parsed strictly, and a malformed turn falls back as it always has.
 `qwen3`: the SP/IP study's wording for real checkpoints (math and code), each role told its
 output format: a `\\boxed{}` answer or a fenced program, a verdict `\\boxed{Correct}` /
-`\\boxed{Incorrect}` with a `FEEDBACK:` line, a selection `\\boxed{N}` over solutions numbered
-from 1, a plan of `STRATEGY k:` lines. Verdicts and selections are read as the study reads them
-(workflow.parse=study: the first box) or, tolerant, as the last well-formed statement anywhere;
+`\\boxed{Incorrect}` on the solution above (Eval-Opt's evaluator and reviser follow the shared chat,
+harness/chat.py), a selection `\\boxed{N}` over solutions numbered from 1, a plan of `STRATEGY k:` lines.
+Its prompts reach the model as the study renders them (Qwen's system message, thinking off).
+Verdicts and selections are read as the study reads them (workflow.parse=study: the first box) or, tolerant, as the last well-formed statement anywhere;
 format compliance is measured against the exact instruction (harness/workflows/contracts.py).
 
 `workflow.prompt_set=auto` takes `tiny` on tiny scales and `qwen3` on Qwen3 scales; templates a
@@ -28,11 +29,12 @@ class ContractStyle:
     tolerant: bool  # parse the last well-formed statement anywhere (real models) or the exact reply (tiny)
     index_base: int  # how the aggregator's candidates are numbered
     unparsed_verdict: str  # what an unreadable verdict means: ACCEPT (tiny: ends the loop) or REVISE (the study)
+    chat: str = "template"  # how prompts reach the model (harness/chat.py): one templated message, or the study's chat
 
 
 STYLES: Dict[str, ContractStyle] = {
     "tiny": ContractStyle(tolerant=False, index_base=0, unparsed_verdict="ACCEPT"),
-    "qwen3": ContractStyle(tolerant=True, index_base=1, unparsed_verdict="REVISE"),
+    "qwen3": ContractStyle(tolerant=True, index_base=1, unparsed_verdict="REVISE", chat="study"),
 }
 
 _MATH_SOLVE = ("You are a math problem solver. Your task is to solve the given mathematical problem step by step. "
@@ -46,17 +48,18 @@ QWEN3_MATH: Dict[str, str] = {
     "solver": _MATH_SOLVE,
     "generator": _MATH_SOLVE,
     "voter": _MATH_SOLVE,
+    # Eval-Opt's reviser and evaluator follow the conversation (harness/chat.py), as upstream's
+    # examples/math_reasoning/prompt.json evaluator_optimizer_prompts, used unformatted
+    # (evaluator_optimizer_math_workflow.py:128-165): the reviser's `\\boxed{{}}` reaches the model as written
     "generator_revise": (
-        "You are a math problem solver creating a new solution based on a reviewer's feedback.\n\n"
-        "Problem: {question}\n\nYour previous solution:\n{draft_text}\n\nReviewer's feedback: {feedback}\n\n"
-        "Important instructions:\n- You must provide the final answer in \\boxed{{}} format\n"
-        "- Use a DIFFERENT method than your previous attempt\n- Address the issues identified in the feedback"),
+        "You are a math problem solver creating a new solution based on the teacher's feedback above. Your task is "
+        "to solve the problem using a completely different approach.\n\nImportant instructions:\n- You must provide "
+        "the final answer in \\boxed{{{{}}}} format\n- Use a DIFFERENT method than your previous attempt\n"
+        "- Address the issues identified in the teacher's feedback"),
     "evaluator": (
-        "You are reviewing a solution to a math problem. Your task is to analyze it for correctness.\n\n"
-        "Problem: {question}\n\nSolution to review:\n{draft_text}\n\nImportant instructions:\n"
-        "- Provide your verdict as \\boxed{{Correct}} or \\boxed{{Incorrect}}\n"
-        "- If incorrect, state the main issue on a line starting with FEEDBACK:\n"
-        "- Do not reveal the correct answer in your response"),
+        "You are reviewing the solution above. Your task is to analyze it for correctness.\n\nImportant instructions:\n"
+        "- Provide your verdict as \\boxed{{Correct}} or \\boxed{{Incorrect}}\n- If incorrect, briefly explain the "
+        "main issue\n- Do not reveal the correct answer in your response"),
     "aggregator": (
         "You are an expert math reviewer. Your task is to review multiple solutions to the same problem and select "
         "the best one.\n\nProblem: {question}\n\nSolutions to review:{solutions}\n\nInstructions:\n"
@@ -91,21 +94,19 @@ QWEN3_CODE: Dict[str, str] = {
     "solver": _CODE_SOLVE,
     "generator": _CODE_SOLVE,
     "voter": _CODE_SOLVE,
+    # examples/deepcoder/prompt.json deepcoder_evaluator_optimizer_prompts, after the conversation
     "generator_revise": (
-        "You are an expert competitive programmer improving a solution after a code review.\n\n"
-        "Problem:\n{question}\n\nYour previous solution:\n{draft_text}\n\nReviewer's feedback: {feedback}\n\n"
-        "Requirements:\n- Address the issues identified in the review\n"
-        "- Use a different approach if the previous logic was fundamentally flawed\n- Ensure all edge cases are handled\n"
-        "- Output your code in a markdown code block with ```python\n\nProvide your improved solution:"),
+        "Based on the reviewer's feedback above, please create an improved solution.\n\nRequirements:\n"
+        "- Address the issues identified in the review\n- Use a different approach if the previous logic was "
+        "fundamentally flawed\n- Ensure all edge cases are handled\n- Output your code in a markdown code block with "
+        "```python\n\nProvide your improved solution:"),
     "evaluator": (
-        "You are a code reviewer evaluating a solution for correctness.\n\nProblem:\n{question}\n\n"
-        "Solution to review:\n{draft_text}\n\nYour task is to analyze the code for:\n"
-        "1. Logical correctness - Does the algorithm solve the problem?\n"
-        "2. Edge case handling - Are boundary conditions handled?\n3. Implementation bugs - Are there any coding errors?\n"
-        "4. Efficiency - Is the solution efficient enough for the constraints?\n\nIMPORTANT:\n"
-        "- You are reviewing the code LOGIC, not running tests\n"
-        "- Provide your verdict as \\boxed{{Correct}} or \\boxed{{Incorrect}}\n"
-        "- If incorrect, state the main issue(s) on a line starting with FEEDBACK:\n- Do NOT write code"),
+        "You are a code reviewer evaluating the solution above for correctness.\n\nYour task is to analyze the code "
+        "for:\n1. Logical correctness - Does the algorithm solve the problem?\n"
+        "2. Edge case handling - Are boundary conditions handled?\n3. Implementation bugs - Are there any coding "
+        "errors?\n4. Efficiency - Is the solution efficient enough for the constraints?\n\nIMPORTANT:\n"
+        "- You are reviewing the code LOGIC, not running tests\n- Provide your verdict as \\boxed{{Correct}} or "
+        "\\boxed{{Incorrect}}\n- If incorrect, briefly explain the main issue(s)\n- Do NOT reveal the correct solution"),
     "aggregator": (
         "You are an expert code reviewer. Your task is to review multiple code solutions to the same problem and "
         "select the best one.\n\nProblem:\n{question}\n\nSolutions to review:{solutions}\n\nInstructions:\n"

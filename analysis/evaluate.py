@@ -1,7 +1,7 @@
 """Evaluate saved checkpoints as the study does: pass@k of the cell's workflow per checkpoint.
 
     python -m analysis.evaluate <run dir or sweep> --mode trained|base|single_agent_transfer --k 4
-        [--samples N] [--problems P] [--split validation|held_out] [--resume]
+        [--samples N] [--problems P|all] [--split validation|held_out] [--lengths run|study] [--resume]
         [--task aime --data-path aime.jsonl] [--temperature T]
 
 Modes (the SP/IP study's `evaluate_checkpoints`):
@@ -12,7 +12,10 @@ Modes (the SP/IP study's `evaluate_checkpoints`):
   single-agent-trained model into the same workflow?).
 Splits: `validation`, what the run validated on (AIME 2025 for full_matrix's math: `data.val_path`);
 `held_out`, the training set's own held-out part (DAPO-Math's 10% at split seed 42), on which the study
-reports its math numbers. Each episode runs at the run's own budgets (training lengths).
+reports its math numbers. Lengths: `run`, each episode at the run's own budgets (training lengths); `study`, at
+the study's evaluation budgets, longer than training (dashboard/evaluate_checkpoints.py's default without
+--use-training-lengths, l.1245-1257: math 8192 and code 5120 new tokens, dashboard/task_configs.py:35-42,100-107).
+The study's own scoring: `--split held_out --problems all --lengths study --samples 1 --temperature 0.7`.
 Each problem gets N sampled episodes (N >= k, at the run's temperature unless given); pass@k is
 the unbiased estimator 1 - C(n-c, k)/C(n, k) averaged over problems. Rows go to
 `<run>/eval_results.jsonl` (a re-run replaces the rows of the same mode, checkpoint, task, split and k;
@@ -36,6 +39,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 MODES = ("trained", "base", "single_agent_transfer")
 SPLITS = ("validation", "held_out")
+LENGTHS = ("run", "study")
+STUDY_EVAL_NEW_TOKENS = {"math": 8192, "code": 5120}  # eval_prompt_response_lengths' responses, every workflow
 RESULTS = "eval_results.jsonl"
 TRAJECTORIES = "eval_trajectories"  # <run>/eval_trajectories/<mode>-<split>-<phase>-<checkpoint>.jsonl
 
@@ -147,11 +152,27 @@ def evaluation_problems(cfg, split: str = "validation", task_name: Optional[str]
     return task, (task.problems("train") + task.problems("val")) if task_name else task.problems("val")
 
 
-def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task_name: Optional[str] = None,
+def evaluation_budget(cfg, task_kind: str, lengths: str = "run") -> int:
+    """New tokens per reply: the run's own (training lengths) or the study's evaluation budget for the
+    task's kind (math or code)."""
+    if lengths not in LENGTHS:
+        raise ValueError(f"unknown lengths '{lengths}'; valid choices: {', '.join(LENGTHS)}")
+    return int(cfg.workflow.max_new_tokens) if lengths == "run" else STUDY_EVAL_NEW_TOKENS[task_kind]
+
+
+def apply_budget(cfg, budget: int) -> None:
+    """Score at `budget` new tokens a reply: vLLM's context grows by what the budget adds."""
+    grown = budget - int(cfg.workflow.max_new_tokens)
+    cfg.workflow.max_new_tokens = budget
+    if grown > 0:
+        cfg.verl.rollout_max_model_len = int(cfg.verl.rollout_max_model_len) + grown
+
+
+def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: Optional[int], task_name: Optional[str] = None,
                  data_path: Optional[str] = None, temperature: Optional[float] = None, log=print,
-                 split: str = "validation", resume: bool = False) -> List[dict]:
-    """Evaluate one run directory in `mode`; returns the rows written to its eval_results.jsonl (with
-    `resume`, only those of checkpoints it had no row for)."""
+                 split: str = "validation", resume: bool = False, lengths: str = "run") -> List[dict]:
+    """Evaluate one run directory in `mode` on `problems` problems (None: all); returns the rows written
+    to its eval_results.jsonl (with `resume`, only those of checkpoints it had no row for)."""
     from harness.run_dir import stored_cell_config
     from harness.sharing import PolicyMap
     from harness.workflows import build_workflow
@@ -162,6 +183,7 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task
         cfg.algo.temperature = temperature
     task, eval_set = evaluation_problems(cfg, split, task_name, data_path)
     eval_set = eval_set[:problems]
+    apply_budget(cfg, evaluation_budget(cfg, task.kind, lengths))
     roles = build_workflow(cfg, task).role_instances()
     source, sources = run, []
     if mode == "single_agent_transfer":
@@ -179,7 +201,8 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task
     sources = [("base", None, None)] if mode == "base" else checkpoints_of(source)
     phases = trajectory_phases([name for name, _, _ in sources])
     if resume:  # a checkpoint already scored the same way keeps its row
-        done = scored(run, mode, split, k, samples, task=cfg.task, problems=len(eval_set))
+        done = scored(run, mode, split, k, samples, task=cfg.task, problems=len(eval_set),
+                      max_new_tokens=cfg.workflow.max_new_tokens)
         sources = [s for s in sources if s[0] not in done]
     rows = []
     with tempfile.TemporaryDirectory(prefix="marl-eval-") as work:
@@ -188,7 +211,8 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: int, task
             for name, directory, problem in sources:
                 row = {"mode": mode, "checkpoint": name, "source_run": source.name, "task": cfg.task,
                        "split": split, "k": k,
-                       "samples": samples, "problems": len(eval_set), "temperature": cfg.algo.temperature}
+                       "samples": samples, "problems": len(eval_set), "temperature": cfg.algo.temperature,
+                       "max_new_tokens": cfg.workflow.max_new_tokens}
                 if directory is not None:
                     row["step"] = _trained_steps(directory)
                 if problem is not None:
@@ -235,12 +259,13 @@ def write_trajectories(run: Path, name: str, step: Optional[int], episodes) -> P
 
 
 def scored(run: Path, mode: str, split: str, k: int, samples: int, task: Optional[str] = None,
-           problems: Optional[int] = None) -> set:
-    """The checkpoints of `run` with an ok row scored this way (and on this task and number of
-    problems, where given): what `--resume` skips."""
+           problems: Optional[int] = None, max_new_tokens: Optional[int] = None) -> set:
+    """The checkpoints of `run` with an ok row scored this way (and on this task, number of problems
+    and budget, where given): what `--resume` skips."""
     return {r["checkpoint"] for r in _stored(run) if r.get("status") == "ok"
             and (r.get("mode"), r.get("split", "validation"), r.get("k"), r.get("samples")) == (mode, split, k, samples)
-            and task in (None, r.get("task")) and problems in (None, r.get("problems"))}
+            and task in (None, r.get("task")) and problems in (None, r.get("problems"))
+            and max_new_tokens in (None, r.get("max_new_tokens"))}
 
 
 def _trained_steps(directory: Path) -> Optional[int]:
@@ -254,7 +279,8 @@ def _trained_steps(directory: Path) -> Optional[int]:
 
 def _key(row: dict) -> tuple:
     """What a result row is of: a row of the same key replaces it (rows before splits were validation)."""
-    return row.get("mode"), row.get("checkpoint"), row.get("task"), row.get("split", "validation"), row.get("k")
+    return (row.get("mode"), row.get("checkpoint"), row.get("task"), row.get("split", "validation"), row.get("k"),
+            row.get("max_new_tokens"))
 
 
 def _stored(run: Path) -> List[dict]:
@@ -264,7 +290,7 @@ def _stored(run: Path) -> List[dict]:
 
 
 def write_results(run: Path, rows: List[dict]) -> None:
-    """Keep the rows of other (mode, checkpoint, task, split, k) and replace these, atomically."""
+    """Keep the rows of other (mode, checkpoint, task, split, k, budget) and replace these, atomically."""
     from harness.run_dir import write_atomic
 
     new = {_key(r) for r in rows}
@@ -284,18 +310,30 @@ def load_results(sweep: Path):
     return pd.DataFrame(rows)
 
 
+def _problems(text: str) -> Optional[int]:
+    """--problems: a count, or `all` (None)."""
+    if text == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number or all, got '{text}'") from None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", type=Path, help="a run directory (with cell.yaml) or a sweep directory")
     parser.add_argument("--mode", default="trained", help=f"one of {', '.join(MODES)}")
     parser.add_argument("--k", type=int, default=1, help="pass@k (samples per problem must be >= k)")
     parser.add_argument("--samples", type=int, default=None, help="sampled episodes per problem (default: k)")
-    parser.add_argument("--problems", type=int, default=32, help="evaluation problems (the run's held-out split)")
+    parser.add_argument("--problems", type=_problems, default=32, help="evaluation problems, or all")
     parser.add_argument("--task", default=None, help="evaluate on another task (e.g. aime, math500) ...")
     parser.add_argument("--data-path", default=None, help="... read from this file (all its problems)")
     parser.add_argument("--temperature", type=float, default=None, help="default: the run's algo.temperature")
     parser.add_argument("--split", default="validation", help=f"one of {', '.join(SPLITS)} (held_out: the training "
                         "set's own held-out part, where the study scores math)")
+    parser.add_argument("--lengths", default="run", help=f"one of {', '.join(LENGTHS)} (study: the study's evaluation "
+                        "budgets, math 8192 and code 5120 new tokens)")
     parser.add_argument("--resume", action="store_true", help="keep the rows written and evaluate only the "
                         "checkpoints without one")
     args = parser.parse_args(argv)
@@ -313,15 +351,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         for run in runs:
             evaluate_run(run, args.mode, args.k, samples, args.problems, args.task, args.data_path, args.temperature,
-                         split=args.split, resume=args.resume)
+                         split=args.split, resume=args.resume, lengths=args.lengths)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-def options_problem(mode: str, split: str, k: int, samples: int, problems: int, choice: str = "",
-                    flag: str = "--") -> Optional[str]:
+def options_problem(mode: str, split: str, k: int, samples: int, problems: Optional[int], choice: str = "",
+                    flag: str = "--", lengths: str = "run") -> Optional[str]:
     """What is wrong with the scoring options, if anything, named as the caller's command line spells
     them (`choice` before a choice's name, `flag` before a number's: this CLI's `--k`, the launcher's
     `evaluate.k`)."""
@@ -331,15 +369,17 @@ def options_problem(mode: str, split: str, k: int, samples: int, problems: int, 
         return f"unknown {choice}split '{split}'; valid choices: {', '.join(SPLITS)}"
     if k < 1 or samples < k:
         return f"{flag}k must be >= 1 and {flag}samples >= k (got k={k}, samples={samples})"
-    if problems < 1:
-        return f"{flag}problems must be >= 1, got {problems}"
+    if problems is not None and problems < 1:
+        return f"{flag}problems must be >= 1 or all, got {problems}"
+    if lengths not in LENGTHS:
+        return f"unknown {choice}lengths '{lengths}'; valid choices: {', '.join(LENGTHS)}"
     return None
 
 
 def _argument_problem(args, samples: int) -> Optional[str]:
     from harness.tasks import TASKS
 
-    problem = options_problem(args.mode, args.split, args.k, samples, args.problems)
+    problem = options_problem(args.mode, args.split, args.k, samples, args.problems, lengths=args.lengths)
     if problem:
         return problem
     if args.task is not None and args.task not in TASKS:

@@ -30,8 +30,9 @@ class EvaluateOptions:
     split: str = "validation"  # validation | held_out (the training set's own held-out part: the study's math)
     k: int = 1
     samples: Optional[int] = None  # sampled episodes per problem; default: k
-    problems: int = 32
+    problems: Optional[int] = 32  # null: all
     temperature: Optional[float] = None  # default: the run's algo.temperature
+    lengths: str = "run"  # run (training budgets) | study (the study's evaluation budgets: math 8192, code 5120)
 
 
 class EvalJob(submitit.helpers.Checkpointable):
@@ -43,7 +44,8 @@ class EvalJob(submitit.helpers.Checkpointable):
         from analysis.evaluate import evaluate_run
 
         rows = evaluate_run(Path(run), options["mode"], options["k"], options["samples"], options["problems"],
-                            temperature=options["temperature"], split=options["split"], resume=True)
+                            temperature=options["temperature"], split=options["split"], resume=True,
+                            lengths=options["lengths"])
         return f"scored {len(rows)}"
 
 
@@ -54,7 +56,7 @@ def checked_options(raw) -> dict:
     options = {key: raw.get(key) for key in EvaluateOptions.__dataclass_fields__}
     options["samples"] = options["samples"] or options["k"]
     problem = options_problem(options["mode"], options["split"], options["k"], options["samples"], options["problems"],
-                              choice="evaluate.", flag="evaluate.")
+                              choice="evaluate.", flag="evaluate.", lengths=options["lengths"])
     if problem:
         raise GridError(problem)
     return options
@@ -62,10 +64,14 @@ def checked_options(raw) -> dict:
 
 def unscored(run: Path, options: dict) -> List[str]:
     """The run's checkpoints without a scored row of these options (what a job would evaluate)."""
-    from analysis.evaluate import checkpoints_of, scored
+    from analysis.evaluate import checkpoints_of, evaluation_budget, scored
+    from harness.run_dir import stored_cell_config
+    from harness.tasks import CODE_TASKS
 
+    cfg = stored_cell_config(run)
+    budget = evaluation_budget(cfg, "code" if cfg.task in CODE_TASKS else "math", options["lengths"])
     names = ["base"] if options["mode"] == "base" else [name for name, _, _ in checkpoints_of(run)]
-    done = scored(run, options["mode"], options["split"], options["k"], options["samples"])
+    done = scored(run, options["mode"], options["split"], options["k"], options["samples"], max_new_tokens=budget)
     return [name for name in names if name not in done]
 
 
@@ -102,7 +108,7 @@ def evaluate(cells: Sequence[Cell], cfg, out=print) -> int:
         if left:
             todo.append(cell)
     total = f"{len(todo)} evaluation job(s) ({options['mode']}, split {options['split']}, pass@{options['k']} " \
-            f"of {options['samples']} samples on {options['problems']} problems)"
+            f"of {options['samples']} samples on {options['problems'] or 'all'} problems, {options['lengths']} lengths)"
     if cfg.dry_run or not todo:
         out(f"{total}; {'dry run: nothing run' if cfg.dry_run else 'nothing to score'}")
         return 0

@@ -168,3 +168,36 @@ def test_the_held_out_split_is_the_training_sets_own_not_the_validation_file(tmp
     assert {p.question for p in held_out} != {p.question for p in validation}
     with pytest.raises(ValueError, match="valid choices: validation, held_out"):
         evaluation_problems(cell(tmp_path, *args), "test")
+
+
+def test_study_lengths_score_every_problem_at_the_studys_budgets_apart_from_the_runs(sweep, monkeypatch):
+    """--lengths study: each reply at the study's evaluation budget for the task's kind (its values pinned to
+    upstream below; small here so the tiny model's context holds it), every problem with --problems all;
+    the rows record the budget, and scores at another budget neither replace them nor count for --resume."""
+    import analysis.evaluate as evaluate
+    from harness.run_dir import stored_cell_config
+
+    single = sweep / "single-arith-tiny-m-s0"
+    run_budget = stored_cell_config(single).workflow.max_new_tokens
+    monkeypatch.setitem(evaluate.STUDY_EVAL_NEW_TOKENS, "math", run_budget + 3)
+    quiet = {"log": lambda *_: None, "split": "held_out"}
+    study = evaluate_run(single, "trained", 1, 1, None, lengths="study", **quiet)
+    everything = len(evaluate.evaluation_problems(stored_cell_config(single), "held_out")[1])
+    assert {r["max_new_tokens"] for r in study} == {run_budget + 3} and {r["problems"] for r in study} == {everything}
+    assert evaluate_run(single, "trained", 1, 1, None, lengths="study", resume=True, **quiet) == []
+    at_run = evaluate_run(single, "trained", 1, 1, None, lengths="run", resume=True, **quiet)
+    assert [r["checkpoint"] for r in at_run] == ["step_0000002", "step_0000004", "best"]  # not counted as done
+    stored = [r for r in read_jsonl(single / "eval_results.jsonl") if r["problems"] == everything]
+    assert sorted(r["max_new_tokens"] for r in stored) == [run_budget] * 3 + [run_budget + 3] * 3  # both kept
+
+
+def test_the_studys_evaluation_budgets_are_upstreams():
+    """dashboard/task_configs.py:35-42 (math) and 100-107 (code): every workflow's evaluation response
+    length, the default of dashboard/evaluate_checkpoints.py (l.1245-1257, without --use-training-lengths)."""
+    from analysis.evaluate import STUDY_EVAL_NEW_TOKENS, options_problem
+
+    assert STUDY_EVAL_NEW_TOKENS == {"math": 8192, "code": 5120}
+    assert "valid choices: run, study" in options_problem("trained", "held_out", 1, 1, None, lengths="long")
+    assert options_problem("trained", "held_out", 1, 1, None, lengths="study") is None
+    proc = subprocess.run(EVALUATE + ["/nonexistent", "--problems", "most"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "a number or all, got 'most'" in proc.stderr

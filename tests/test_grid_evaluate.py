@@ -27,7 +27,8 @@ def test_every_ended_cell_is_scored_once_per_checkpoint_by_the_launcher(small_sw
     for run in runs:
         names = [name for name, _, _ in checkpoints_of(run)]
         assert f"{run.name}: {len(names)} checkpoint(s) to score: {', '.join(names)}" in dry.stdout
-    assert "6 evaluation job(s) (trained, split validation, pass@1 of 2 samples on 4 problems); dry run" in dry.stdout
+    assert "6 evaluation job(s) (trained, split validation, pass@1 of 2 samples on 4 problems, run lengths); dry run" \
+        in dry.stdout
     assert not any((run / RESULTS).exists() for run in runs)  # a dry run scores nothing
 
     done = launch(tmp_path)
@@ -46,3 +47,8 @@ def test_every_ended_cell_is_scored_once_per_checkpoint_by_the_launcher(small_sw
     assert {run.name: (run / RESULTS).read_text() for run in runs} == before  # nothing scored twice
     other = launch(tmp_path, "dry_run=true", "evaluate.split=held_out")  # another split is its own score
     assert "6 evaluation job(s) (trained, split held_out" in other.stdout
+    longer = launch(tmp_path, "dry_run=true", "evaluate.lengths=study", "evaluate.problems=null")  # and other budgets
+    assert "6 evaluation job(s) (trained, split validation, pass@1 of 2 samples on all problems, study lengths)" \
+        in longer.stdout
+    wrong = launch(tmp_path, "evaluate.lengths=long")
+    assert wrong.returncode != 0 and "unknown evaluate.lengths 'long'; valid choices: run, study" in wrong.stderr

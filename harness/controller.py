@@ -92,7 +92,7 @@ class Controller:
 
         async def one(problem: Problem, group: int) -> Episode:
             agents = Agents(scheduler, self.policy_map.policy_of, self.prompts, self.budgets,
-                            self.cfg.algo.temperature, greedy, self.workflow.style.chat)
+                            self.cfg.algo.temperature, greedy, self.workflow.chat)
             episode = await self.workflow.episode(problem, agents)
             episode.group = group
             return episode

@@ -90,3 +90,22 @@ def test_a_conversation_names_single_call_nodes():
     data = read_graph(GRAPH_DIR / "voting.yaml")
     with pytest.raises(GraphError, match="conversation: 'votes' must be a node that makes one role call"):
         parse_graph({**data, "conversation": ["votes"]})
+
+
+def test_unitymas_workflows_keep_the_tokenizers_template_and_tiny_prompts_stay_one_message():
+    """The study's framing is the study's: UnityMAS-O's trainer renders Qwen3 prompts with the tokenizer's
+    own template (its graphs say `chat: template`); tiny prompt sets never frame a chat."""
+    from types import SimpleNamespace
+
+    from harness.workflows import build_workflow
+
+    def chat_of(topology: str, prompt_set: str) -> str:
+        wcfg = OmegaConf.structured(WorkflowConfig)
+        wcfg.prompt_set = prompt_set
+        return build_workflow(SimpleNamespace(topology=topology, workflow=wcfg)).chat
+
+    assert [chat_of(t, "qwen3") for t in ("eval_opt", "voting", "single")] == ["study"] * 3
+    assert {chat_of(t, "qwen3") for t in ("qd_retrieve_answer", "mask_search", "reflective_code")} == {"template"}
+    assert {chat_of(t, "tiny") for t in ("eval_opt", "reflective_code")} == {"template"}
+    with pytest.raises(GraphError, match="chat: unknown 'html'; valid choices: template, study"):
+        parse_graph({**read_graph(GRAPH_DIR / "voting.yaml"), "chat": "html"})

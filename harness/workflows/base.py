@@ -173,6 +173,11 @@ class Workflow(ABC):
         self.cfg = cfg  # the cell's WorkflowConfig
         self.style = style_of(cfg)  # how its judging roles' replies are read
 
+    @property
+    def chat(self) -> str:
+        """How its prompts reach the model (harness/chat.py): its prompt set's way."""
+        return self.style.chat
+
     @abstractmethod
     def roles(self) -> List[RoleSpec]:
         ...

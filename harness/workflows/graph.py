@@ -42,6 +42,8 @@ means for the graph, `paper: {policy: [roles]}` what `sharing=paper` means (Unit
 reward weights per role (a cell's reward.per_role wins). `conversation: [nodes]` (single calls) share
 one chat under a prompt set that renders chats (qwen3, as the study's Eval-Opt): each sees the first's
 prompt and every earlier reply before its own prompt; one-message prompt sets (tiny) ignore it.
+`chat: template` renders a chat-rendering prompt set's prompts with the tokenizer's own template
+instead of the study's framing (harness/chat.py): UnityMAS-O's workflows, as its trainer renders them.
 Inputs map a prompt field to `question`, `item`, `workflow.<field>` or `<node>.<field>`, the
 last with a default while the node has not run (`"update.text ?? none"`: a loop's first round); a node
 may `writes: <other node>` to replace that node's result (a revision replaces the draft); `prompt`
@@ -57,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from harness.chat import CHATS
 from harness.config import GRAPH_FILE_SUFFIXES, GRAPH_SHARING_MODES, REWARD_TERMS, ConfigError
 from harness.imports import import_object
 from harness.workflows.base import Agents, Episode, RoleSpec, Turn, Workflow
@@ -123,6 +126,7 @@ class GraphSpec:
     prompt_sets: Dict[str, Dict[str, str]] = field(default_factory=dict)  # e.g. qwen3: templates for real models
     rewards: Dict[str, Dict[str, float]] = field(default_factory=dict)  # role -> reward term weights (defaults)
     conversation: Tuple[str, ...] = ()  # nodes that share the episode's chat (the study's chat only)
+    chat: Optional[str] = None  # how a chat-rendering prompt set frames prompts here (default: the set's)
 
 
 def read_graph(source) -> dict:
@@ -190,8 +194,11 @@ def parse_graph(data: dict) -> GraphSpec:
                              + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
         rewards[str(role)] = {str(k): float(v) for k, v in (terms or {}).items()}
     conversation = tuple(str(n) for n in data.get("conversation") or ())
+    chat = data.get("chat")
+    if chat is not None and chat not in CHATS:
+        raise GraphError(f"chat: unknown '{chat}'; valid choices: {', '.join(CHATS)}")
     spec = GraphSpec(str(data.get("name", "graph")), roles, nodes, edges, str(data["final"]), prompts, budgets,
-                     sharing, counts, prompt_sets, rewards, conversation)
+                     sharing, counts, prompt_sets, rewards, conversation, chat)
     _check(spec)
     return spec
 
@@ -370,6 +377,11 @@ class GraphWorkflow(Workflow):
             offset = int(match.group(3) or 0) * (-1 if match.group(2) == "-" else 1)
             return int(getattr(self.cfg, match.group(1))) + offset
         return int(value)
+
+    @property
+    def chat(self) -> str:
+        """One-message prompt sets stay one message; a chat-rendering one frames as the graph says, if it does."""
+        return self.style.chat if self.style.chat == "template" else (self.spec.chat or self.style.chat)
 
     def templates(self) -> Dict[str, str]:
         """The graph's templates, those of the cell's prompt set (`prompt_sets: {qwen3: ...}`) over them."""

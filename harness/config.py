@@ -22,12 +22,9 @@ SHARING_MODES = ("sp", "ip", "ip_instance", "custom", "partial", "paper")
 # partial sharing) and paper (UnityMAS-O's paper's mapping of the workflow's agents onto models)
 GRAPH_SHARING_MODES = ("partial", "paper")
 ENGINES = ("local", "verl")
-VERL_PLACEMENTS = ("colocate", "split", "per_node")
-VERL_DEVICES = ("auto", "cpu", "cuda")
-LOCAL_DEVICES = ("auto", "cpu", "cuda")
-LOCAL_DTYPES = ("fp32", "bf16")
-VERL_RAY_UP = ("auto", "always", "never")
-VERL_ROLLOUTS = ("auto", "hf", "vllm")
+VERL_PLACEMENTS, VERL_DEVICES = ("colocate", "split", "per_node"), ("auto", "cpu", "cuda")
+LOCAL_DEVICES, LOCAL_DTYPES, LOCAL_ROLLOUTS = ("auto", "cpu", "cuda"), ("fp32", "bf16"), ("hf", "vllm")
+VERL_RAY_UP, VERL_ROLLOUTS = ("auto", "always", "never"), ("auto", "hf", "vllm")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "role-balanced")
 LR_SCHEDULES = ("constant", "cosine")
 CLIP_SCOPES = ("policy", "cell")
@@ -410,6 +407,7 @@ class LocalConfig:
 
     device: str = choice("auto", LOCAL_DEVICES, "local engine device")  # auto: cuda when torch sees a GPU, else cpu
     dtype: str = choice("fp32", LOCAL_DTYPES, "local engine precision")  # the base model's weights; bf16 on a GPU (LoRA adapters stay fp32, peft's default)
+    rollout: str = choice("hf", LOCAL_ROLLOUTS, "local engine rollout")  # hf: generate in-process; vllm: a vLLM server process (make vllm)
 
 
 @dataclass

@@ -284,11 +284,13 @@ def validate(cfg: CellConfig) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError("local.device=cuda but torch sees no GPU here; use local.device=auto or cpu")
+    if cfg.local.rollout == "vllm":
+        from harness.engines.vllm_rollout import check_config  # its environment, engine=local, LoRA adapters
+        check_config(cfg)
     if cfg.verl.rollout == "vllm" and cfg.verl.device == "cpu":
         raise ConfigError("verl.rollout=vllm needs a GPU; on a CPU use verl.rollout=hf (or auto)")
     if cfg.verl.rollout_tp < 1 or cfg.verl.gpus_per_policy % cfg.verl.rollout_tp:
-        raise ConfigError(f"verl.rollout_tp={cfg.verl.rollout_tp} must divide "
-                          f"verl.gpus_per_policy={cfg.verl.gpus_per_policy}")
+        raise ConfigError(f"verl.rollout_tp={cfg.verl.rollout_tp} must divide verl.gpus_per_policy={cfg.verl.gpus_per_policy}")
     if cfg.engine == "verl" and cfg.sharing_cfg.full_finetune:
         raise ConfigError("engine=verl trains LoRA adapters; sharing_cfg.full_finetune=true needs engine=local")
     if cfg.reward.outcome_metric == "f1" and cfg.task not in QA_TASKS:

@@ -77,6 +77,12 @@ class LocalEngine:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.local.dtype])
         self._setup(base, tokenizer, policies, cfg, seed)
+        if cfg.local.rollout == "vllm":  # a vLLM server samples; this process trains (vllm_rollout.py)
+            from harness.engines.vllm_rollout import VllmRollout
+
+            served = max(len(self.policies), len(self.split_targets))
+            length = min(int(base.config.max_position_embeddings), int(cfg.verl.rollout_max_model_len))
+            self.rollout = VllmRollout(model_dir, served, int(cfg.model.lora_rank), length)
 
     @classmethod
     def from_model(cls, base, tokenizer, policies: List[str], cfg, seed: int = 0) -> "LocalEngine":
@@ -108,6 +114,7 @@ class LocalEngine:
             self.params = {p: [t for n, t in self.model.named_parameters() if f".{p}." in n and "lora_" in n]
                            for p in self.policies}
         self.seed = seed
+        self.rollout = None  # local.rollout=vllm: the server that samples (set by __init__)
         self._active: Optional[str] = None
         self.initial = {p: [t.detach().clone() for t in self.params[p]] for p in self.policies}  # θ_0, for drift
         # fused: one kernel for all of a policy's tensors (the per-tensor loop is ~5x slower at LoRA sizes)
@@ -129,6 +136,10 @@ class LocalEngine:
         """Sample one response per prompt with the policy's adapter; duplicates share a prefill."""
         self._activate(policy)
         tok = self.tokenizer
+        if self.rollout is not None:
+            self.rollout.sync(self.model, self.params)  # the server gets what changed since it last sampled
+            return generate_grouped(tok, prompts, lambda ids, mask, copies: self.rollout.sample(
+                policy, ids, mask, copies, sampling.max_new_tokens, sampling.temperature, sampling.greedy))
 
         def sample(input_ids, attention_mask, copies):
             input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
@@ -304,6 +315,11 @@ class LocalEngine:
             result.drift[policy] = self._distance(policy)
             result.drift_rate[policy] = result.drift[policy] - drift_before[policy]
         return result
+
+    def shutdown(self) -> None:
+        if self.rollout is not None:
+            self.rollout.close()
+            self.rollout = None
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:

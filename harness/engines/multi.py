@@ -75,3 +75,7 @@ class MultiModelEngine:
     def load(self, path: Path) -> None:
         for name, engine in self.engines.items():
             engine.load(Path(path) / name)
+
+    def shutdown(self) -> None:
+        for engine in self.engines.values():
+            engine.shutdown()

@@ -93,6 +93,28 @@ def test_deepcoder_programs_cannot_see_or_fake_the_expected_output():
         assert not task.grade(adder, f"```python\n{attack}\n```").correct, attack
 
 
+def test_deepcoder_runs_under_the_studys_limits_a_test_at_most_3_s_and_a_problem_4_s_a_test_plus_5():
+    """rllm/rewards/code_reward.py:249-266: 3 s a test, min(4 x tests + 5, 120) s of wall and CPU time for
+    the problem, 4 GB. Two tests of 2.5 s each pass (5 s: a bound of 3 s on the whole problem, or a fixed
+    wall limit under 5 s, would fail it); one test of 3.5 s fails as a timeout, though the problem's 13 s
+    would hold it."""
+    from dataclasses import replace
+
+    from harness.tasks.base import Problem
+
+    task = task_for("deepcoder", FIXTURES / "deepcoder_sample.jsonl")
+    problem = Problem("slow", "echo", "", {"kind": "stdio", "cases": [["1\n", "1\n"], ["2\n", "2\n"]], "fn": None})
+    limits = task.limits_for(problem)
+    assert (limits.wall_s, limits.cpu_s, limits.memory_mb, limits.call_s) == (13.0, 13, 4096, 3)
+    assert task.limits_for(problem, 1).wall_s == 9.0 and task.limits_for(Problem(
+        "many", "", "", {"kind": "stdio", "cases": [["", ""]] * 40, "fn": None})).wall_s == 120.0
+    task.sandbox.limits = replace(task.sandbox.limits, wall_s=4.0)  # the sandbox's own limit no longer applies
+    steady = task.grade(problem, "```python\nimport time\ntime.sleep(2.5)\nprint(input())\n```")
+    assert steady.correct, steady.reason
+    stuck = task.grade(problem, "```python\nimport time\nn = int(input())\ntime.sleep(3.5 * (n == 2))\nprint(n)\n```")
+    assert not stuck.correct and stuck.reason == "timeout: a test ran over 3 s"
+
+
 def test_deepcoder_questions_are_worded_as_the_study_words_them():
     """LiveCodeBench's wrapper, byte for byte as rllm/data/utils.py l.66-76 builds it (the study's
     question text); data.question_format=plain keeps the bare problem."""

@@ -8,12 +8,15 @@ import random
 import re
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
 from harness.tasks.base import Grade, Problem, Task, WarmupSupport
 from harness.tasks.math import read_jsonl, read_rows, split_problems
 from harness.tasks.sandbox import Sandbox, SandboxLimits
+
+STUDY_TEST_S = 3  # the study's time limit of one DeepCoder test (rllm/rewards/code_reward.py:249, timeout=3)
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.S)
 
@@ -49,20 +52,24 @@ class CodeTask(Task):
         code = extract_code(text)
         if code is None:
             return Grade(False, None, "no code found")
-        passed, reason = self._verdict(self.program(problem, code), self.checks(problem))
+        passed, reason = self._verdict(self.program(problem, code), self.checks(problem), self.limits_for(problem))
         return Grade(passed, code, reason)
 
-    def _verdict(self, program: str, checks: str) -> tuple:
+    def limits_for(self, problem: Problem, cases: Optional[int] = None) -> Optional[SandboxLimits]:
+        """A problem's own sandbox limits (running `cases` of its tests), or None: the sandbox's."""
+        return None
+
+    def _verdict(self, program: str, checks: str, limits: Optional[SandboxLimits] = None) -> tuple:
         """Sandbox verdicts memoised by (program, checks): a GRPO group often repeats an answer
         (all voters, most of G samples), and a program's verdict does not change. Only `passed`
         and `failed` are memoised: a timeout or kill may be the machine's load, and a sandbox
         error is the jail's fault, never the program's."""
-        key = (program, checks)
+        key = (program, checks, limits)
         with self._verdicts_lock:
             if key in self._verdicts:
                 self._verdicts.move_to_end(key)
                 return self._verdicts[key]
-        result = self.sandbox.run(program, checks)
+        result = self.sandbox.run(program, checks, limits)
         verdict = (result.passed, "" if result.passed else result.reason)
         if result.status in ("passed", "failed"):
             with self._verdicts_lock:
@@ -311,6 +318,12 @@ class DeepCoderTask(CodeTask):
         """The first case only (what workflow D's verification runs; grading runs them all)."""
         return self.checks(problem, problem.meta["cases"][:1])
 
+    def limits_for(self, problem: Problem, cases: Optional[int] = None) -> SandboxLimits:
+        """The study's limits (rllm/rewards/code_reward.py:249-266,387): 3 s a test; for the problem,
+        wall and CPU time min(4 x tests + 5, 120) s; 4 GB of memory."""
+        budget = min((STUDY_TEST_S + 1) * (cases or len(problem.meta["cases"])) + 5, 120)
+        return replace(self.sandbox.limits, wall_s=float(budget), cpu_s=budget, memory_mb=4096, call_s=STUDY_TEST_S)
+
 
 class CodeSynthTask(CodeTask, WarmupSupport):
     """Infer a one-line function from two examples: 'f(2)=6 f(5)=15' -> 'x*3'. The response is
@@ -412,7 +425,7 @@ def run_shown(code: str, problem: Problem, task: CodeTask) -> str:
     code = extract_code(code) if code and code != "?" else None
     if code is None:
         return "none"
-    passed, _ = task._verdict(task.program(problem, code), task.shown_checks(problem))
+    passed, _ = task._verdict(task.program(problem, code), task.shown_checks(problem), task.limits_for(problem, 1))
     return "pass" if passed else "fail"
 
 

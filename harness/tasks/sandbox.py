@@ -41,6 +41,7 @@ class SandboxLimits:
     file_size_mb: int = 4  # any file the program writes, its output included
     max_processes: int = 16  # per sandbox (its own uid when the harness runs as root)
     max_output_bytes: int = 64 * 1024
+    call_s: Optional[float] = None  # each call of the program by the checks (one test) within this; None: unbounded
 
 
 @dataclass
@@ -131,8 +132,8 @@ def decode(tagged: Any, depth: int = 0) -> Any:
 class _Channel:
     """Line-delimited JSON to and from the jailed interpreter, every read bounded by the deadline."""
 
-    def __init__(self, proc: subprocess.Popen, deadline: float):
-        self.proc, self.deadline, self.buffer = proc, deadline, b""
+    def __init__(self, proc: subprocess.Popen, deadline: float, call_s: Optional[float] = None):
+        self.proc, self.deadline, self.call_s, self.buffer = proc, deadline, call_s, b""
 
     def send(self, message: dict) -> None:
         try:
@@ -141,15 +142,19 @@ class _Channel:
         except (BrokenPipeError, OSError):
             raise self._ended() from None
 
-    def receive(self) -> dict:
+    def receive(self, call: bool = False) -> dict:
+        """The next message; `call`: a reply to one call of the program, also bounded by `call_s`."""
         fd = self.proc.stdout.fileno()
+        deadline, why = self.deadline, "wall-clock limit"
+        if call and self.call_s is not None and time.monotonic() + self.call_s < deadline:
+            deadline, why = time.monotonic() + self.call_s, f"a test ran over {self.call_s:g} s"
         while b"\n" not in self.buffer:
-            remaining = self.deadline - time.monotonic()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise _Stop("timeout", "wall-clock limit")
+                raise _Stop("timeout", why)
             ready, _, _ = select.select([fd], [], [], remaining)
             if not ready:
-                raise _Stop("timeout", "wall-clock limit")
+                raise _Stop("timeout", why)
             chunk = os.read(fd, 65536)
             if not chunk:
                 raise self._ended()
@@ -200,7 +205,7 @@ class _Proxy:
         except (TypeError, ValueError) as exc:
             raise ProgramError(str(exc)) from None
         self._channel.send(request)
-        reply = self._channel.receive()
+        reply = self._channel.receive(call=True)
         if reply.get("ok") is True:
             return decode(reply.get("value"))
         raise ProgramError(str(reply.get("error", "the program's function failed"))[:300])
@@ -241,17 +246,19 @@ class Sandbox:
         self.limits = limits
         self.jail = jail if jail is not None else find_jail(unsafe)  # JailUnavailable: fail closed
 
-    def run(self, program: str, checks: str = "") -> RunResult:
-        """Run `program` in the jail and `checks` (trusted test code) here, against its functions."""
+    def run(self, program: str, checks: str = "", limits: Optional[SandboxLimits] = None) -> RunResult:
+        """Run `program` in the jail and `checks` (trusted test code) here, against its functions,
+        within `limits` (default: the sandbox's)."""
+        limits = limits or self.limits
         started = time.monotonic()
-        deadline = started + self.limits.wall_s
+        deadline = started + limits.wall_s
         printed: List[str] = []
         status, detail, returncode = "passed", "", None
         with tempfile.TemporaryDirectory(prefix="marl-sbx-") as private:  # 0700: out of the program's reach
             err_path = os.path.join(private, "program-output")
             seccomp = _filter_file(private) if not self.jail.unsafe else None
             per_uid = not self.jail.unsafe and os.geteuid() == 0
-            argv = rlimit_command(self.limits, per_uid) + self.jail.command(
+            argv = rlimit_command(limits, per_uid) + self.jail.command(
                 [self.jail.python, "-I", "-S", "-c", candidate.SOURCE],
                 seccomp_fd=None if seccomp is None else seccomp.fileno())
             env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -267,7 +274,7 @@ class Sandbox:
                 finally:
                     if seccomp is not None:
                         seccomp.close()
-            channel = _Channel(proc, deadline)
+            channel = _Channel(proc, deadline, limits.call_s)
             try:
                 channel.send({"program": program})
                 hello = channel.receive()
@@ -287,12 +294,12 @@ class Sandbox:
             finally:
                 _stop(proc)
                 returncode = proc.returncode
-            program_output, size = _read_bounded(err_path, self.limits.max_output_bytes)
-        if status == "failed" and (size >= self.limits.file_size_mb * 1024 * 1024):
+            program_output, size = _read_bounded(err_path, limits.max_output_bytes)
+        if status == "failed" and (size >= limits.file_size_mb * 1024 * 1024):
             status, detail = "output_limit", "file-size limit"
         if status == "failed" and program_output.startswith(("bwrap:", "setpriv:", "prlimit:")):
             status, detail = "error", program_output.strip().splitlines()[0][:300]  # the jail, not the program
-        checks_output = "".join(printed)[: self.limits.max_output_bytes]
+        checks_output = "".join(printed)[: limits.max_output_bytes]
         return RunResult(status == "passed", status, returncode, checks_output, program_output,
                          time.monotonic() - started, self.jail.isolation, detail)
 

@@ -18,10 +18,10 @@ def code_turn_level(episode: Episode, cfg) -> List[float]:
     (verl/experimental/star_ppo/reward_allocators/code_turn_level.py ~l.97-126): with R_i round i's
     verification, the planner and the coder of round i get R_0 on the first round and R_i - R_{i-1}
     after, the reflector of round i gets R_{i+1} - R_i (0 without a next round), and every turn
-    FORMAT_WEIGHT x (0 if its reply follows its contract, else -1). Upstream's R_i is the verifier's
-    pass rate on the tests it runs; here it is the round's program graded on all the problem's tests
-    (the coder's turn: `role_correct`), so what pays is never the examples the prompt shows alone."""
-    passed = [float(bool(t.role_correct)) for t in episode.turns if t.role == "coder"]
+    FORMAT_WEIGHT x (0 if its reply follows its contract, else -1). R_i is the share of the problem's
+    tests round i's program passes, as upstream's verifier counts it (the coder turn's `pass_rate`,
+    where the task counts its tests: code-synth, MBPP); else 1 if it passed them all, 0 if not."""
+    passed = [t.stats.get("pass_rate", float(bool(t.role_correct))) for t in episode.turns if t.role == "coder"]
     rewards, round_ = [], -1
     for turn in episode.turns:
         if turn.role == "planner":

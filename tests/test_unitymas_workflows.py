@@ -328,23 +328,37 @@ def test_on_qwen3_scales_the_workflows_take_the_real_models_wording_on_hotpotqa(
 
 
 def test_ds_upstream_allocator_pays_each_round_its_gain_and_the_reflector_the_next_rounds(code_task):
-    """reward.allocator=harness.allocators:code_turn_level on D's real control flow: a loop that fixes
-    the program in round 2 pays round 1 nothing, the reflection and round 2 the gain; a malformed
-    reply costs 1 (upstream's format reward); a loop that never passes pays nothing."""
+    """reward.allocator=harness.allocators:code_turn_level on D's real control flow, R_i the share of the
+    problem's tests round i's program passes (as upstream's verifier counts them): a loop that fixes
+    the program in round 2 pays round 1 its pass rate, the reflection and round 2 the gain; a
+    malformed reply costs 1 (upstream's format reward); a loop that never improves pays its first
+    round's rate and nothing after."""
     from harness.allocators import code_turn_level
 
     workflow = _reflective(code_task)
-    problem = code_task.problems("val")[0]
-    wrong, right = code_task.wrong_answer(problem, random.Random(0)), code_task.PLANS[problem.meta["op"]]
+    problem = next(p for p in code_task.problems("val") if p.meta["op"] != "*")  # round 1's plan ('mul') is wrong
+    shown = tuple(x for x, _ in problem.meta["tests"][:2])
+    wrong = f"{problem.answer} if x not in {shown} else -1"  # right on the 3 hidden tests only
+    right = code_task.PLANS[problem.meta["op"]]
+    rate = _share(wrong, problem)
+    assert rate == 0.6
     episode = _episode(workflow, problem, _fixed_in_round_two(code_task, problem, wrong))
     assert [t.role for t in episode.turns] == ["planner", "coder", "reflector", "planner", "coder"]
-    assert code_turn_level(episode, None) == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert [t.stats["pass_rate"] for t in episode.turns if t.role == "coder"] == [rate, 1.0]
+    assert code_turn_level(episode, None) == pytest.approx([rate, rate, 1 - rate, 1 - rate, 1 - rate])
     episode.turns[3].malformed = True
-    assert code_turn_level(episode, None) == [0.0, 0.0, 1.0, 0.0, 1.0]
+    assert code_turn_level(episode, None) == pytest.approx([rate, rate, 1 - rate, -rate, 1 - rate])
     first_try = _episode(workflow, problem, lambda p: right if p.startswith("approach:") else problem.answer)
     assert code_turn_level(first_try, None) == [1.0, 1.0]
     never = _episode(workflow, problem, lambda p: "mul" if p.startswith(("approach:", "reflect:")) else wrong)
-    assert code_turn_level(never, None) == [0.0] * 8
+    assert code_turn_level(never, None) == pytest.approx([rate, rate] + [0.0] * 6)
+
+
+def _share(expression: str, problem) -> float:
+    """The share of the problem's tests `f(x) = <expression>` passes, computed here (our own generator's
+    arithmetic), not by the sandbox."""
+    tests = problem.meta["tests"]
+    return sum(eval(expression, {"x": x}) == y for x, y in tests) / len(tests)  # noqa: S307 - trusted
 
 
 def test_d_trains_as_upstream_does_per_turn_gae_on_its_turn_level_rewards(tmp_path):

@@ -32,6 +32,7 @@ class CodeTask(Task):
     kind = "code"
 
     CACHE_SIZE = 4096
+    COUNTS_TESTS = False  # its checks report `tests passed: k of n` (counted_checks): Grade.score is the pass rate
 
     def __init__(self, sandbox_cfg):
         self.sandbox = Sandbox(SandboxLimits(wall_s=sandbox_cfg.wall_s, cpu_s=sandbox_cfg.cpu_s,
@@ -51,16 +52,17 @@ class CodeTask(Task):
     def grade(self, problem: Problem, text: str) -> Grade:
         code = extract_code(text)
         if code is None:
-            return Grade(False, None, "no code found")
-        passed, reason = self._verdict(self.program(problem, code), self.checks(problem), self.limits_for(problem))
-        return Grade(passed, code, reason)
+            return Grade(False, None, "no code found", 0.0 if self.COUNTS_TESTS else None)
+        passed, reason, rate = self._verdict(self.program(problem, code), self.checks(problem), self.limits_for(problem))
+        return Grade(passed, code, reason, rate)
 
     def limits_for(self, problem: Problem, cases: Optional[int] = None) -> Optional[SandboxLimits]:
         """A problem's own sandbox limits (running `cases` of its tests), or None: the sandbox's."""
         return None
 
     def _verdict(self, program: str, checks: str, limits: Optional[SandboxLimits] = None) -> tuple:
-        """Sandbox verdicts memoised by (program, checks): a GRPO group often repeats an answer
+        """(passed, reason, the share of tests passed where the checks count them, else None), memoised
+        by (program, checks, limits): a GRPO group often repeats an answer
         (all voters, most of G samples), and a program's verdict does not change. Only `passed`
         and `failed` are memoised: a timeout or kill may be the machine's load, and a sandbox
         error is the jail's fault, never the program's."""
@@ -70,7 +72,9 @@ class CodeTask(Task):
                 self._verdicts.move_to_end(key)
                 return self._verdicts[key]
         result = self.sandbox.run(program, checks, limits)
-        verdict = (result.passed, "" if result.passed else result.reason)
+        counted = re.findall(r"tests passed: (\d+) of (\d+)", result.stdout)
+        rate = int(counted[-1][0]) / max(1, int(counted[-1][1])) if counted else None
+        verdict = (result.passed, "" if result.passed else result.reason, rate if self.COUNTS_TESTS else None)
         if result.status in ("passed", "failed"):
             with self._verdicts_lock:
                 self._verdicts[key] = verdict
@@ -119,13 +123,10 @@ class MBPPTask(CodeTask):
             raise ValueError(f"task mbpp: no problems in {data.path}")
         self._splits = split_problems(problems, data)
 
+    COUNTS_TESTS = True
+
     def checks(self, problem: Problem) -> str:
-        lines = [problem.meta["setup"], "_marl_results = []"]
-        for test in problem.meta["tests"]:
-            lines += ["try:", f"    {test}", "    _marl_results.append(True)", "except Exception:",
-                      "    _marl_results.append(False)"]
-        lines += ["print('tests passed:', sum(_marl_results), 'of', len(_marl_results))", "assert all(_marl_results)"]
-        return "\n".join(lines)
+        return counted_checks(problem.meta["tests"], problem.meta["setup"])
 
     def shown_checks(self, problem: Problem) -> str:
         """The test the prompt shows (what workflow D's verification runs; grading runs them all)."""
@@ -133,12 +134,19 @@ class MBPPTask(CodeTask):
 
     def test_results(self, problem: Problem, text: str) -> tuple:
         """(tests passed, tests) of one response, read from the sandbox's report line."""
-        code = extract_code(text)
-        if code is None:
-            return 0, len(problem.meta["tests"])
-        out = self.sandbox.run(code, self.checks(problem)).stdout
-        found = re.findall(r"tests passed: (\d+) of (\d+)", out)
-        return (int(found[-1][0]), int(found[-1][1])) if found else (0, len(problem.meta["tests"]))
+        tests = len(problem.meta["tests"])
+        return round((self.grade(problem, text).score or 0.0) * tests), tests
+
+
+def counted_checks(tests: List[str], setup: str = "") -> str:
+    """Checks that run every test, print `tests passed: k of n` (the pass rate, as UnityMAS-O's code
+    verifier counts it), then fail unless all passed. A timeout or a dead program still ends the run."""
+    lines = [setup, "_marl_results = []"]
+    for test in tests:
+        lines += ["try:", f"    {test}", "    _marl_results.append(True)", "except Exception:",
+                  "    _marl_results.append(False)"]
+    lines += ["print('tests passed:', sum(_marl_results), 'of', len(_marl_results))", "assert all(_marl_results)"]
+    return "\n".join(lines)
 
 
 # Runs beside the program in the jail: a stdin/stdout program gets its input and its output is
@@ -362,8 +370,10 @@ class CodeSynthTask(CodeTask, WarmupSupport):
         body = re.sub(r"^\s*(return\s+|lambda x:\s*)", "", body)
         return f"def f(x):\n    return ({body})\n"
 
+    COUNTS_TESTS = True
+
     def checks(self, problem: Problem) -> str:
-        return "\n".join(f"assert f({x}) == {y}" for x, y in problem.meta["tests"])
+        return counted_checks([f"assert f({x}) == {y}" for x, y in problem.meta["tests"]])
 
     # -- warm-up support
     def wrong_answer(self, problem: Problem, rng: random.Random) -> str:
@@ -425,7 +435,7 @@ def run_shown(code: str, problem: Problem, task: CodeTask) -> str:
     code = extract_code(code) if code and code != "?" else None
     if code is None:
         return "none"
-    passed, _ = task._verdict(task.program(problem, code), task.shown_checks(problem), task.limits_for(problem, 1))
+    passed, _, _ = task._verdict(task.program(problem, code), task.shown_checks(problem), task.limits_for(problem, 1))
     return "pass" if passed else "fail"
 
 

@@ -216,6 +216,8 @@ class Workflow(ABC):
         grade = self.task.grade(problem, turn.text)
         self.mark_format(turn, grade.parsed)
         turn.role_correct = grade.correct
+        if self.task.kind == "code" and grade.score is not None:  # the share of the tests it passed
+            turn.stats["pass_rate"] = grade.score
         return grade
 
     def mark_format(self, turn: Turn, parsed: Optional[str]) -> None:

@@ -6,8 +6,13 @@ imported here that such a machine lacks). For each of Qwen3-0.6B/1.7B/4B's shape
 built on the GPU from the architecture: no checkpoint) it times the engine's real update (`update`:
 PPO clip loss, the study's seq-mean-token-mean, LoRA 64 on all seven projections, fused AdamW) on a
 voter adapter's rows, in bf16, with and without the shared-prompt forward, and records step time,
-response tokens per second and peak memory. Before that, the parity test: one update of a tiny
-model on the CPU and on the GPU in fp32 from the same weights must agree within 1e-4.
+response tokens per second and peak memory; then the engine's rollout (`sample_repeated`, the adapter
+active: 32 sequences, 512-token prompts, 1,024 new tokens). Each is set against the device's limits,
+measured by the same script: the update's FLOP rate (4 x parameters x tokens computed: forward plus
+activation gradients) as a share of a large bf16 matrix product's, and the rollout's decode time as a
+share of the memory-bandwidth bound (the weights and the KV cache read once per decoding step, at the
+measured device copy bandwidth). Before that, the parity test: one update of a tiny model on the CPU
+and on the GPU in fp32 from the same weights must agree within 1e-4.
 
 Lengths: the study trains math voting with responses up to 5,120 tokens and code up to 2,048; the
 check uses 1,024-token responses and 512-token prompts (4 problems x 8 rollouts = 32 rows, micro
@@ -40,8 +45,9 @@ import torch  # noqa: E402
 
 from harness.config import CellConfig  # noqa: E402
 from harness.engines.local import DTYPES, LocalEngine  # noqa: E402
-from harness.models import chat_prompt  # noqa: E402
+from harness.engines.sampling import sample_repeated  # noqa: E402
 from harness.episodes import Turn  # noqa: E402
+from harness.models import chat_prompt  # noqa: E402
 
 PARITY_TOL = 1e-4
 ADAPTER_TOL = 1e-2  # the adapters' CPU-vs-CUDA gap after the update, as a share of the update (L2)
@@ -49,7 +55,7 @@ QWEN3_VOCAB = 151936  # embedding rows; token ids from 151643 on are special
 FIRST_SPECIAL = 151643
 NOT_CHECKED = {
     "engine=verl (FSDP2 worker groups)": "needs Ray and verl, which do not fit the 64 MiB a bare GPU machine takes in",
-    "vLLM rollouts": "vLLM is hundreds of MB; the local engine samples with HF generate",
+    "vLLM rollouts": "vLLM is hundreds of MB; the check times the local engine's own sampler",
     "SLURM and the grid launcher": "a single machine without a cluster; the grid is tested on CPU machines",
 }
 
@@ -172,8 +178,77 @@ def time_updates(engine: LocalEngine, turns: List[Turn], repeats: int, device: s
     return figures
 
 
+def matmul_limit(device: str, dtype: torch.dtype, size: int, repeats: int = 10) -> float:
+    """FLOP/s of a large square matrix product in `dtype`: what the update's share is judged against."""
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    a @ b  # kernels chosen, clocks up
+    _synchronize(device)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    _synchronize(device)
+    return 2 * size ** 3 * repeats / (time.perf_counter() - started)
+
+
+def bandwidth_limit(device: str, megabytes: int, repeats: int = 10) -> float:
+    """Bytes/s of a device copy (each byte read once and written once): what decoding is bound by."""
+    source = torch.empty(megabytes * 2 ** 20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    _synchronize(device)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        target.copy_(source)
+    _synchronize(device)
+    return 2 * source.numel() * repeats / (time.perf_counter() - started)
+
+
+def tokens_computed(workload: Workload, shared_prompt: bool) -> int:
+    """Tokens an update's forward runs: each distinct prompt once (shared) or once per row, and every response."""
+    prompts = workload.problems if shared_prompt else workload.rows
+    return prompts * workload.prompt_tokens + workload.rows * workload.response_tokens
+
+
+def update_share(figures: dict, parameters: int, tokens: int, limit: float) -> None:
+    """The update's FLOP rate, counted as 4 x parameters x tokens, and its share of the matmul limit."""
+    if "update_s" in figures:
+        figures["update_flops_per_s"] = 4 * parameters * tokens / figures["update_s"]
+        figures["matmul_share"] = figures["update_flops_per_s"] / limit
+
+
+def time_rollout(engine: LocalEngine, shape: Shape, workload: Workload, device: str, dtype: torch.dtype,
+                 bandwidth: float) -> dict:
+    """The engine's sampler with the policy's adapter: `problems` prompts x `group` samples, up to
+    `response_tokens` new tokens, at T = 0.7; decode tokens/s and the share of the bandwidth bound,
+    the weights (base and adapter) and the KV cache at each step's length read once a step."""
+    engine._activate("voter")
+    generator = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, FIRST_SPECIAL, (workload.problems, workload.prompt_tokens), generator=generator).to(device)
+    mask = torch.ones_like(ids)
+    eos = pad = FIRST_SPECIAL  # a token the random model all but never samples: every row runs to the budget
+    sample_repeated(engine.model, ids[:1, :8], mask[:1, :8], 2, 4, 0.7, False, eos, pad)  # kernels warm
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    _synchronize(device)
+    started = time.perf_counter()
+    tokens, _ = sample_repeated(engine.model, ids, mask, workload.group, workload.response_tokens, 0.7, False, eos,
+                                pad)
+    _synchronize(device)
+    seconds = time.perf_counter() - started
+    steps, rows = tokens.shape[1], tokens.shape[0]
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * torch.finfo(dtype).bits // 8
+    kv_read = sum(rows * (workload.prompt_tokens + t) * kv_per_token for t in range(steps))
+    bound_s = (steps * weight_bytes + kv_read) / bandwidth
+    figures = {"rollout_s": seconds, "rows": rows, "new_tokens": steps, "decode_tokens_per_s": rows * steps / seconds,
+               "bandwidth_bound_s": bound_s, "bandwidth_share": bound_s / seconds}
+    if device.startswith("cuda"):
+        figures["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+    return figures
+
+
 def measure_shape(name: str, shape: Shape, tokenizer, workload: Workload, device: str, dtype: str,
-                  repeats: int) -> dict:
+                  repeats: int, limits: Optional[dict] = None) -> dict:
     """The shape's update with the shared-prompt forward and with the plain one, on one model."""
     torch_dtype = DTYPES[dtype]
     started = time.perf_counter()
@@ -190,6 +265,14 @@ def measure_shape(name: str, shape: Shape, tokenizer, workload: Workload, device
             out[variant] = time_updates(engine, turns, repeats, device)
         except torch.OutOfMemoryError as exc:  # a figure in itself: record it and go on
             out[variant] = {"error": f"out of memory: {str(exc).splitlines()[0]}"}
+            torch.cuda.empty_cache()
+        if limits:
+            update_share(out[variant], parameters, tokens_computed(workload, shared), limits["matmul_flops_per_s"])
+    if limits:
+        try:
+            out["rollout"] = time_rollout(engine, shape, workload, device, torch_dtype, limits["copy_bytes_per_s"])
+        except torch.OutOfMemoryError as exc:
+            out["rollout"] = {"error": f"out of memory: {str(exc).splitlines()[0]}"}
             torch.cuda.empty_cache()
     if "update_s" in out["shared_prompt"] and "update_s" in out["plain"]:
         out["plain_over_shared_time"] = out["plain"]["update_s"] / out["shared_prompt"]["update_s"]
@@ -248,8 +331,17 @@ def shape_line(name: str, figures: dict) -> str:
         return f"{variant['update_s']:.2f} s, {variant['update_response_tokens_per_s']:,.0f} response tok/s{peak}"
 
     ratio = figures.get("plain_over_shared_time")
-    return (f"{name}: {figures['parameters'] / 1e9:.2f} B params; update {timing(shared)}; plain forward "
+    line = (f"{name}: {figures['parameters'] / 1e9:.2f} B params; update {timing(shared)}; plain forward "
             f"{timing(plain)}" + (f" (time {ratio:.2f}x the shared-prompt update)" if ratio else ""))
+    if "matmul_share" in shared:
+        line += f"; update at {shared['matmul_share']:.0%} of the matmul limit"
+    rollout = figures.get("rollout", {})
+    if "decode_tokens_per_s" in rollout:
+        line += (f"; rollout {rollout['decode_tokens_per_s']:,.0f} decode tok/s, {rollout['bandwidth_share']:.0%} "
+                 f"of the bandwidth bound")
+    elif rollout:
+        line += f"; rollout {rollout.get('error', 'no figure')}"
+    return line
 
 
 def device_name(device: str) -> str:
@@ -292,12 +384,18 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"(tolerance {PARITY_TOL:g}); adapters' gap {check['adapter_relative_gap']:.2e} of the update "
           f"(tolerance {ADAPTER_TOL:g}; largest weight gap {check['adapter_max_abs_gap']:.2e}) -> "
           f"{'ok' if check['passed'] else 'FAILED'}")
+    big = not args.tiny  # the limits: a large bf16 product and a large copy on a GPU, small ones in a rehearsal
+    report["limits"] = limits = {
+        "matmul_flops_per_s": matmul_limit(device, DTYPES[dtype], 8192 if big else 256),
+        "copy_bytes_per_s": bandwidth_limit(device, 2048 if big else 16)}
+    print(f"limits on this device: matmul {limits['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s ({dtype}), "
+          f"copy {limits['copy_bytes_per_s'] / 1e9:.0f} GB/s")
     for name in chosen:
         if time.perf_counter() - started > args.budget_s:
             report["skipped"][name] = f"time budget of {args.budget_s:g} s spent"
             continue
         report["shapes"][name] = figures = measure_shape(name, shapes[name], tokenizer, workload, device, dtype,
-                                                         args.repeats)
+                                                         args.repeats, limits)
         print(shape_line(name, figures))
     report["wall_s"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)

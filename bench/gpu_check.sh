@@ -6,7 +6,8 @@
 #   1. installs the bundle's wheels (if any) into a private folder, offline;
 #   2. bench/gpu_check.py: the local engine's CPU-vs-CUDA parity (fp32, 1e-4), then its update at
 #      Qwen3-0.6B/1.7B/4B shapes in bf16 (step time, response tokens/s, peak memory, shared-prompt
-#      forward against the plain one). What needs Ray or vLLM is listed as not checked.
+#      forward against the plain one) and its rollout (decode tokens/s), each as a share of the device's
+#      matmul and bandwidth limits, which it measures first. What needs Ray or vLLM is listed as not checked.
 # Output: stdout, and $OUT/gpu_check.log + $OUT/gpu_check.json ($OUT defaults to /tmp/gpu_check).
 # GPU_CHECK_TINY=1 runs the same code on tiny shapes (a CPU rehearsal; tests/test_gpu_check.py);
 # GPU_CHECK_BUDGET_S (default 420) skips the shapes not started by then.

@@ -73,9 +73,21 @@ def test_the_check_runs_in_a_gpu_machine_environment_from_the_bundle_alone(bundl
         assert figures[variant]["update_s"] > 0 and figures[variant]["update_response_tokens_per_s"] > 0
         assert figures[variant]["response_tokens"] == 8 * 16  # 2 problems x 4 rollouts x 16 tokens
     assert figures["lora_parameters"] > 0 and figures["plain_over_shared_time"] > 0
+    limits = report["limits"]  # measured by the check itself: a matrix product and a device copy
+    assert limits["matmul_flops_per_s"] > 1e9 and limits["copy_bytes_per_s"] > 1e8
+    for variant in ("shared_prompt", "plain"):  # 4 x parameters x tokens computed, over the limit
+        computed = 4 * figures["parameters"] * (2 if variant == "shared_prompt" else 8) * 24 + 4 * figures[
+            "parameters"] * 8 * 16
+        assert figures[variant]["update_flops_per_s"] == pytest.approx(computed / figures[variant]["update_s"])
+        assert 0 < figures[variant]["matmul_share"] == pytest.approx(
+            figures[variant]["update_flops_per_s"] / limits["matmul_flops_per_s"])
+    rollout = figures["rollout"]  # 2 prompts x 4 samples, every row to the 16-token budget
+    assert (rollout["rows"], rollout["new_tokens"]) == (8, 16) and rollout["decode_tokens_per_s"] > 0
+    assert 0 < rollout["bandwidth_bound_s"] < rollout["rollout_s"] and rollout["bandwidth_share"] < 1
     assert "engine=verl (FSDP2 worker groups)" in report["not_checked"]
     log = (out / "gpu_check.log").read_text()
     assert "parity (cpu vs cpu, fp32)" in log and "not checked here: vLLM rollouts" in log
+    assert "of the matmul limit" in log and "of the bandwidth bound" in log and "limits on this device" in log
 
 
 def test_the_check_refuses_bad_input(tmp_path):

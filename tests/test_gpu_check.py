@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench.gpu_bundle import LIMIT_MIB, missing_distributions
-from grid.gpu_estimate import Measured, load_measurement, max_calls, update_gpu_hours
+from grid.gpu_estimate import load_measurement, max_calls, update_gpu_hours
 from harness.config import CellConfig, ConfigError
 from harness.engines.local import DTYPES
 from tests.conftest import REPO

@@ -70,6 +70,19 @@ def test_every_qwen3_template_names_its_output_format():
     assert all("```python" in QWEN3_CODE[r] for r in ("solver", "voter", "generator_revise", "worker", "synthesizer"))
 
 
+def test_the_qwen3_prompts_are_the_studys_word_for_word():
+    """Every role's template against upstream's prompt.json (tests/fixtures/study_prompts.json): the same
+    text once the study's fields take the harness's names (problem -> question, strategy -> subtask);
+    the evaluator's and the reviser's, which upstream sends unformatted, as they reach the model."""
+    upstream = json.loads((REPO / "tests" / "fixtures" / "study_prompts.json").read_text())
+    mine = {"question": "<Q>", "subtask": "<S>", "solutions": "<A>", "max_subtasks": "<N>"}
+    theirs = {"problem": "<Q>", "strategy": "<S>", "solutions": "<A>", "max_subtasks": "<N>"}
+    for kind, templates in (("math", QWEN3_MATH), ("code", QWEN3_CODE)):
+        for role, text in upstream[kind].items():
+            sent = text if role in ("evaluator", "generator_revise") else text.format(**theirs)
+            assert templates[role].format(**mine) == sent, (kind, role)
+
+
 def _fixture():
     return [json.loads(line) for line in FIXTURE.read_text().splitlines() if line.strip()]
 

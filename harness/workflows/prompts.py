@@ -67,14 +67,16 @@ QWEN3_MATH: Dict[str, str] = {
         "3. Select the solution number that is most likely correct\n"
         "4. Output your selection as \\boxed{{N}} where N is the solution number (1, 2, 3, etc.)\n\nYour selection:"),
     "orchestrator": (
-        "You are a math problem-solving strategist. Your task is to propose at most {max_subtasks} DIFFERENT solution "
-        "strategies for the following math problem. Each strategy should represent a distinct mathematical approach.\n\n"
-        "Problem: {question}\n\nInstructions:\n1. Think about different mathematical techniques that could solve this "
-        "problem\n2. Propose at most {max_subtasks} distinct approaches\n3. Each strategy should be a brief description "
-        "of the approach, NOT a solution\n4. Do NOT solve the problem - only describe the approaches\n"
-        "5. Format your response as:\n   STRATEGY 1: [description of first approach]\n"
-        "   STRATEGY 2: [description of second approach]\n   (and so on, up to {max_subtasks} strategies maximum)\n\n"
-        "Propose strategies now:"),
+        "You are a math problem-solving strategist. Your task is to propose at most {max_subtasks} DIFFERENT "
+        "solution strategies for the following math problem. Each strategy should represent a distinct "
+        "mathematical approach.\n\nProblem: {question}\n\nInstructions:\n"
+        "1. Think about different mathematical techniques that could solve this problem\n"
+        "2. Propose at most {max_subtasks} distinct approaches (e.g., algebraic manipulation, coordinate "
+        "geometry, trigonometric identities, combinatorial argument, etc.)\n"
+        "3. Each strategy should be a brief description of the approach, NOT a solution\n"
+        "4. Do NOT solve the problem — only describe the approaches\n5. Format your response as:\n"
+        "   STRATEGY 1: [description of first approach]\n   STRATEGY 2: [description of second approach]\n"
+        "   (and so on, up to {max_subtasks} strategies maximum)\n\nPropose strategies now:"),
     "worker": (
         "You are a math problem solver. Solve the following problem using the specified strategy.\n\n"
         "Problem: {question}\n\nAssigned strategy: {subtask}\n\nInstructions:\n"
@@ -115,27 +117,30 @@ QWEN3_CODE: Dict[str, str] = {
         "5. Select the solution number most likely to pass all tests\n"
         "6. Output your selection as \\boxed{{N}} where N is the solution number (1, 2, 3, etc.)\n\nYour selection:"),
     "orchestrator": (
-        "You are an expert programming strategist. Your task is to propose at most {max_subtasks} DIFFERENT solution "
-        "strategies for the following programming problem. Each strategy should represent a distinct algorithmic "
-        "approach.\n\nProblem:\n{question}\n\nInstructions:\n1. Think about different algorithms that could solve this "
-        "problem (e.g., greedy, dynamic programming, brute force with pruning, divide and conquer)\n"
-        "2. Propose at most {max_subtasks} distinct approaches\n3. Each strategy should be a brief description, NOT code\n"
-        "4. Format your response as:\n   STRATEGY 1: [description of first approach]\n"
-        "   STRATEGY 2: [description of second approach]\n   (and so on, up to {max_subtasks} strategies maximum)\n\n"
-        "Propose strategies now:"),
+        "You are an expert programming strategist. Your task is to propose at most {max_subtasks} DIFFERENT "
+        "solution strategies for the following programming problem. Each strategy should represent a "
+        "distinct algorithmic approach.\n\nProblem:\n{question}\n\nInstructions:\n"
+        "1. Think about different algorithmic techniques that could solve this problem\n"
+        "2. Propose at most {max_subtasks} distinct approaches (e.g., greedy, dynamic programming, brute "
+        "force with pruning, divide and conquer, etc.)\n"
+        "3. Each strategy should be a brief description of the approach, NOT a solution\n"
+        "4. Do NOT solve the problem — only describe the approaches\n5. Format your response as:\n"
+        "   STRATEGY 1: [description of first approach]\n   STRATEGY 2: [description of second approach]\n"
+        "   (and so on, up to {max_subtasks} strategies maximum)\n\nPropose strategies now:"),
     "worker": (
         "You are an expert competitive programmer. Solve the following problem using the specified strategy.\n\n"
         "Problem:\n{question}\n\nAssigned strategy: {subtask}\n\nInstructions:\n"
-        "1. Follow the assigned strategy as your primary approach\n2. Write clean, efficient Python code\n"
-        "3. Handle all edge cases\n4. Output your code in a markdown code block with ```python\n\nProvide your solution:"),
+        "1. Follow the assigned strategy as your primary approach\n2. Solve the COMPLETE problem step by step\n"
+        "3. Write clean, efficient Python code\n4. Handle all edge cases\n"
+        "5. Output your code in a markdown code block with ```python\n\nProvide your solution:"),
     "synthesizer": (
-        "You are an expert programming judge. Multiple programmers have each attempted the same problem using "
-        "different strategies. Compare their complete solutions and determine the best one.\n\n"
+        "You are an expert code reviewer and judge. Multiple programmers have each attempted to solve the "
+        "same problem using different strategies. Compare their complete solutions and determine the best one.\n\n"
         "Original problem:\n{question}\n\nComplete solutions:{solutions}\n\nInstructions:\n"
         "1. Read each complete solution carefully\n2. Check the algorithmic correctness of each solution\n"
-        "3. Consider edge case handling and efficiency\n"
-        "4. Output the best solution as a complete, runnable Python program in a markdown code block with ```python\n\n"
-        "Your judgment:"),
+        "3. Consider edge case handling and efficiency\n4. Identify which solutions are most likely correct\n"
+        "5. Output the best solution as a complete, runnable Python program in a markdown code block with ```python\n"
+        "\nYour judgment:"),
 }
 
 TEMPLATES: Dict[str, Dict[str, Dict[str, str]]] = {

@@ -298,7 +298,9 @@ class Workflow(ABC):
 
     def numbered(self, turns: List[Turn], labels: Optional[List[str]] = None) -> str:
         """Full replies as the real-model prompts show them ('--- Solution 1 ---'), numbered from
-        the contract's index base."""
+        the contract's index base; each reply as the study keeps it (its content: harness/chat.py)."""
+        from harness.chat import reply_content
+
         base = self.style.index_base
         return "".join(f"\n--- Solution {i + base}{f' (Strategy: {labels[i]})' if labels else ''} ---\n"
-                       f"{t.text.strip()}\n" for i, t in enumerate(turns))
+                       f"{reply_content(t.text)}\n" for i, t in enumerate(turns))

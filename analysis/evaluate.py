@@ -157,12 +157,20 @@ def evaluation_budget(cfg, task_kind: str, lengths: str = "run") -> int:
     task's kind (math or code)."""
     if lengths not in LENGTHS:
         raise ValueError(f"unknown lengths '{lengths}'; valid choices: {', '.join(LENGTHS)}")
-    return int(cfg.workflow.max_new_tokens) if lengths == "run" else STUDY_EVAL_NEW_TOKENS[task_kind]
+    if lengths == "run":
+        return int(cfg.workflow.max_new_tokens)
+    if task_kind not in STUDY_EVAL_NEW_TOKENS:
+        raise ValueError(f"lengths=study is the study's budgets for math and code; this run's task is {task_kind} "
+                         f"(valid choices for it: run)")
+    return STUDY_EVAL_NEW_TOKENS[task_kind]
 
 
 def apply_budget(cfg, budget: int) -> None:
-    """Score at `budget` new tokens a reply: vLLM's context grows by what the budget adds."""
+    """Score at `budget` new tokens a reply, every role (the study's evaluation gives all agents one
+    length): vLLM's context grows by what the budget adds."""
     grown = budget - int(cfg.workflow.max_new_tokens)
+    if grown:
+        cfg.workflow.role_max_new_tokens = {}
     cfg.workflow.max_new_tokens = budget
     if grown > 0:
         cfg.verl.rollout_max_model_len = int(cfg.verl.rollout_max_model_len) + grown
@@ -225,7 +233,8 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: Optional[
                 rates, episodes = evaluator.pass_rates(eval_set, samples, k, seed=cfg.seed * 1_000_003 + 97)
                 rows.append({**row, "status": "ok", **rates, "seconds": round(time.time() - started, 2)})
                 if name in phases:
-                    write_trajectories(run, f"{mode}-{split}-{phases[name]}-{name}", row.get("step"), episodes)
+                    label = f"{mode}-{split}-{phases[name]}-{name}" + ("" if lengths == "run" else f"-{lengths}")
+                    write_trajectories(run, label, row.get("step"), episodes)
                 log(f"{run.name} {mode} {name}: pass@1 {rates['pass@1']:.3f}, pass@{k} {rates[f'pass@{k}']:.3f}")
         finally:
             evaluator.close()
@@ -284,9 +293,14 @@ def _key(row: dict) -> tuple:
 
 
 def _stored(run: Path) -> List[dict]:
-    from harness.run_dir import read_jsonl
+    """The run's result rows; a row written before rows recorded their budget was scored at the run's own."""
+    from harness.run_dir import read_jsonl, stored_cell_config
 
-    return read_jsonl(run / RESULTS) if (run / RESULTS).is_file() else []
+    rows = read_jsonl(run / RESULTS) if (run / RESULTS).is_file() else []
+    if any("max_new_tokens" not in r for r in rows):
+        budget = int(stored_cell_config(run).workflow.max_new_tokens)
+        rows = [{"max_new_tokens": budget, **r} for r in rows]
+    return rows
 
 
 def write_results(run: Path, rows: List[dict]) -> None:

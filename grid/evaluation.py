@@ -66,10 +66,14 @@ def unscored(run: Path, options: dict) -> List[str]:
     """The run's checkpoints without a scored row of these options (what a job would evaluate)."""
     from analysis.evaluate import checkpoints_of, evaluation_budget, scored
     from harness.run_dir import stored_cell_config
-    from harness.tasks import CODE_TASKS
+    from harness.tasks import CODE_TASKS, QA_TASKS
 
     cfg = stored_cell_config(run)
-    budget = evaluation_budget(cfg, "code" if cfg.task in CODE_TASKS else "math", options["lengths"])
+    kind = "code" if cfg.task in CODE_TASKS else "qa" if cfg.task in QA_TASKS else "math"
+    try:
+        budget = evaluation_budget(cfg, kind, options["lengths"])
+    except ValueError as exc:
+        raise GridError(f"{run.name}: {exc}") from None
     names = ["base"] if options["mode"] == "base" else [name for name, _, _ in checkpoints_of(run)]
     done = scored(run, options["mode"], options["split"], options["k"], options["samples"], max_new_tokens=budget)
     return [name for name in names if name not in done]

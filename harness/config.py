@@ -26,12 +26,9 @@ VERL_PLACEMENTS, VERL_DEVICES = ("colocate", "split", "per_node"), ("auto", "cpu
 LOCAL_DEVICES, LOCAL_DTYPES, LOCAL_ROLLOUTS = ("auto", "cpu", "cuda"), ("fp32", "bf16"), ("hf", "vllm")
 VERL_RAY_UP, VERL_ROLLOUTS = ("auto", "always", "never"), ("auto", "hf", "vllm")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "role-balanced")
-LR_SCHEDULES = ("constant", "cosine")
-CLIP_SCOPES = ("policy", "cell")
-ADV_GROUPINGS = ("trajectory", "episode", "turn")
-ADV_NORMS = ("group", "agent")
-OUTCOME_SHARE_MODES = ("auto", "full", "last", "split")
-OUTCOME_METRICS = ("auto", "exact", "f1")
+LR_SCHEDULES, CLIP_SCOPES = ("constant", "cosine"), ("policy", "cell")
+ADV_GROUPINGS, ADV_NORMS = ("trajectory", "episode", "turn"), ("group", "agent")
+OUTCOME_SHARE_MODES, OUTCOME_METRICS = ("auto", "full", "last", "split"), ("auto", "exact", "f1")
 ADV_ESTIMATORS = ("grpo", "gae")
 ADV_WHITENINGS, GAE_SCOPES = ("policy", "cell"), ("graph", "turn")
 MODEL_TRAINING = ("lora", "full")
@@ -121,6 +118,7 @@ class WorkflowConfig:
     # (the study's code: the first boxed verdict or index, else the first digit 1-9) or tolerant (the last
     # well-formed statement anywhere, for models that restate their choice; harness/workflows/contracts.py)
     parse: str = choice("study", _registry("harness.workflows.contracts", "PARSES"), "contract parse")
+    chat: str = choice("auto", ("auto", "template", "study"), "chat")  # auto: the set's or graph's (harness/chat.py)
 
 
 @dataclass

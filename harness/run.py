@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 from omegaconf import OmegaConf
 
 from harness.config import CellConfig, ConfigError, monitor_start
-from harness.run_dir import RunDir, write_atomic
+from harness.run_dir import RunDir, stored_cell_config, write_atomic
 from harness.wandb_sink import wandb_settings
 from harness.validation import load_config
 from harness.metric_keys import role_key
@@ -204,7 +204,10 @@ def _already_ended(cfg: CellConfig, run_dir: RunDir, log) -> Optional[str]:
     directory that holds another config is refused."""
     status = run_dir.read_status()
     if run_dir.file("cell.yaml").is_file():
-        stored = OmegaConf.to_container(OmegaConf.load(run_dir.file("cell.yaml")))
+        try:  # in today's form: settings added since take their defaults, retired ones are upgraded
+            stored = OmegaConf.to_container(OmegaConf.structured(stored_cell_config(run_dir.path)))
+        except Exception:  # noqa: BLE001 - a config today's harness cannot read: compared as written
+            stored = OmegaConf.to_container(OmegaConf.load(run_dir.file("cell.yaml")))
         differing = _config_mismatch(stored, OmegaConf.to_container(OmegaConf.structured(cfg)))
         if differing:
             raise ConfigError(f"{run_dir.path} holds a run with a different config ({', '.join(differing)}); "

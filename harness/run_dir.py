@@ -205,7 +205,12 @@ def stored_cell_config(run: Path) -> "CellConfig":
 
 def upgrade_stored(cell: dict) -> dict:
     """A cell.yaml as today's CellConfig reads it: runs logged before the paired run became one
-    monitors setting kept it under each detector (`monitors.amplification.reference_run`)."""
+    monitors setting kept it under each detector (`monitors.amplification.reference_run`); runs
+    logged before `workflow.chat` rendered every prompt as one message in the tokenizer's template,
+    and a resumed or evaluated one goes on so."""
+    workflow = cell.get("workflow")
+    if isinstance(workflow, dict) and "chat" not in workflow:
+        workflow["chat"] = "template"
     monitors = cell.get("monitors") or {}
     for detector, removed in RETIRED_MONITOR_KEYS.items():  # settings later detectors no longer have
         for key in removed:

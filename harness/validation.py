@@ -373,6 +373,8 @@ def validate(cfg: CellConfig) -> None:
     _check_budgets(cfg, model_path)
     # the workflow checks its own roles against sharing groups and prompt overrides
     workflow = build_workflow(cfg)
+    if cfg.workflow.chat == "auto":  # cell.yaml records how the prompts reach the model (harness/chat.py)
+        cfg.workflow.chat = workflow.chat
     policies = PolicyMap.from_config(cfg, workflow.role_instances(), workflow.sharing_maps()).policies
     for where, named in (("sharing_cfg.split_from", list(cfg.sharing_cfg.split_from)),
                          ("algo.frozen_policies", list(cfg.algo.frozen_policies))):

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from harness import qwen3_tokenizer
 from harness.chat import STUDY_SYSTEM, Framed, frame, reply_content, study_chat
-from harness.config import DEFAULT_PROMPTS, WorkflowConfig
+from harness.config import DEFAULT_PROMPTS, ConfigError, WorkflowConfig
 from harness.episodes import Generation
 from harness.models import chat_prompt
 from harness.tasks.base import Problem
@@ -109,3 +109,31 @@ def test_unitymas_workflows_keep_the_tokenizers_template_and_tiny_prompts_stay_o
     assert {chat_of(t, "tiny") for t in ("eval_opt", "reflective_code")} == {"template"}
     with pytest.raises(GraphError, match="chat: unknown 'html'; valid choices: template, study"):
         parse_graph({**read_graph(GRAPH_DIR / "voting.yaml"), "chat": "html"})
+
+
+def test_cells_record_their_chat_and_runs_stored_before_it_keep_the_template(tmp_path):
+    """cell.yaml records how the prompts reached the model (workflow.chat, resolved from auto); a run
+    stored before the setting existed rendered one message in the tokenizer's template, and reads so:
+    it resumes (its config is compared in today's form) and is evaluated as it trained."""
+    import yaml
+
+    from harness.run import _already_ended
+    from harness.run_dir import RunDir, stored_cell_config
+    from harness.workflows import build_workflow
+    from tests.conftest import cell
+
+    assert cell(tmp_path, "scale=qwen3-tok", "topology=eval_opt").workflow.chat == "study"
+    assert cell(tmp_path, "scale=qwen3-tok", "topology=qd_retrieve_answer", "task=qa-synth").workflow.chat == "template"
+    assert cell(tmp_path, "topology=eval_opt").workflow.chat == "template"
+    forced = cell(tmp_path, "scale=qwen3-tok", "topology=eval_opt", "workflow.chat=template")
+    assert build_workflow(forced).chat == "template"
+    tiny = cell(tmp_path, "topology=eval_opt")
+    stored = OmegaConf.to_container(OmegaConf.structured(tiny))
+    del stored["workflow"]["chat"], stored["local"]["rollout"]  # as a run of an earlier version wrote it
+    run = tmp_path / "earlier"
+    run.mkdir()
+    (run / "cell.yaml").write_text(yaml.safe_dump(stored))
+    assert stored_cell_config(run).workflow.chat == "template"
+    assert _already_ended(tiny, RunDir(run), lambda *_: None) is None  # the same cell: resumable
+    with pytest.raises(ConfigError, match="different config"):  # a Qwen3 run would now be framed otherwise
+        _already_ended(cell(tmp_path, "topology=eval_opt", "workflow.chat=study"), RunDir(run), lambda *_: None)

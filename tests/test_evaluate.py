@@ -189,6 +189,14 @@ def test_study_lengths_score_every_problem_at_the_studys_budgets_apart_from_the_
     assert [r["checkpoint"] for r in at_run] == ["step_0000002", "step_0000004", "best"]  # not counted as done
     stored = [r for r in read_jsonl(single / "eval_results.jsonl") if r["problems"] == everything]
     assert sorted(r["max_new_tokens"] for r in stored) == [run_budget] * 3 + [run_budget + 3] * 3  # both kept
+    older = [{k: v for k, v in r.items() if not (k == "max_new_tokens" and v == run_budget)}  # rows from before
+             for r in read_jsonl(single / "eval_results.jsonl")]                            # budgets were kept
+    (single / "eval_results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in older))
+    assert evaluate_run(single, "trained", 1, 1, None, lengths="run", resume=True, **quiet) == []  # read as run's
+    assert len(read_jsonl(single / "eval_results.jsonl")) == len(older)
+    with pytest.raises(ValueError, match="lengths=study is the study's budgets for math and code; this run's task "
+                                         "is qa"):
+        evaluate.evaluation_budget(stored_cell_config(single), "qa", "study")
 
 
 def test_the_studys_evaluation_budgets_are_upstreams():

@@ -52,6 +52,14 @@ def test_voting_ip_trains_on_vllm_rollouts_that_follow_the_trainers_adapters(tmp
         engine.load_state_dict(first)
         before = (sampled - _trainer_log_probs(engine, "voter", served)).abs().max()
         assert now < 1e-4 and before > 100 * now  # the server holds the trained adapter
+        eos = engine.tokenizer.eos_token_id  # generation stops at the end of turn, as the trainer's sampler
+        assert all(g.response_ids[-1] == eos and not g.truncated for g in served if eos in g.response_ids)
+        assert all(g.truncated == (eos not in g.response_ids) for g in served)
+        too_long = torch.ones((1, 600), dtype=torch.long)  # over the tiny model's 512 positions
+        with pytest.raises(RuntimeError, match="the vLLM server refused generating"):
+            engine.rollout.sample("voter", too_long, torch.ones_like(too_long), 1, 4, 1.0, False)
+        again = engine.generate("voter", [prompt], Sampling(4, cfg.algo.temperature))  # the server carries on
+        assert len(again[0].response_ids) >= 1
     finally:
         engine.shutdown()
     assert engine.rollout is None

@@ -82,7 +82,8 @@ class LocalEngine:
 
             served = max(len(self.policies), len(self.split_targets))
             length = min(int(base.config.max_position_embeddings), int(cfg.verl.rollout_max_model_len))
-            self.rollout = VllmRollout(model_dir, served, int(cfg.model.lora_rank), length)
+            self.rollout = VllmRollout(model_dir, base.config, served, int(cfg.model.lora_rank), length,
+                                       cfg.local.dtype, tokenizer.eos_token_id)
 
     @classmethod
     def from_model(cls, base, tokenizer, policies: List[str], cfg, seed: int = 0) -> "LocalEngine":

@@ -42,8 +42,13 @@ class MultiModelEngine:
 
         self.cfg = cfg
         self.policies = sorted(model_dirs)
-        self.engines = {name: LocalEngine(model_dirs[name], [name], instance_config(cfg, name), seed=seed)
-                        for name in self.policies}
+        self.engines: Dict[str, LocalEngine] = {}
+        try:
+            for name in self.policies:
+                self.engines[name] = LocalEngine(model_dirs[name], [name], instance_config(cfg, name), seed=seed)
+        except BaseException:  # the engines already built may hold rollout servers
+            self.shutdown()
+            raise
 
     def generate(self, policy: str, prompts: List[str], sampling: Sampling) -> List[Generation]:
         return self.engines[policy].generate(policy, prompts, sampling)
@@ -77,5 +82,12 @@ class MultiModelEngine:
             engine.load(Path(path) / name)
 
     def shutdown(self) -> None:
+        """Every engine's, even when one fails to stop; the first failure is raised after."""
+        errors = []
         for engine in self.engines.values():
-            engine.shutdown()
+            try:
+                engine.shutdown()
+            except Exception as exc:  # noqa: BLE001 - re-raised below, once the rest have stopped
+                errors.append(exc)
+        if errors:
+            raise errors[0]

@@ -22,7 +22,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = Path(__file__).resolve().with_name("vllm_server.py")
-KV_CACHE_BYTES = 256 << 20  # vLLM's KV cache: without a size it takes most of the machine's memory
+KV_CACHE_BYTES = 256 << 20  # vLLM's KV cache at least (MARL_VLLM_KV_BYTES): unsized, it takes most of the memory
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's max_lora_rank accepts
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # local.dtype: the sampler computes as the trainer does
 
 
 def vllm_python() -> Path:
@@ -51,6 +53,14 @@ def check_config(cfg) -> None:
         raise ConfigError(problem)
 
 
+def kv_cache_bytes(config, max_model_len: int, dtype: str) -> int:
+    """Room for a few full-length sequences (vLLM refuses to start without one), at least KV_CACHE_BYTES."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * (4 if dtype == "fp32" else 2)
+    wanted = int(os.environ.get("MARL_VLLM_KV_BYTES") or 0)
+    return wanted or max(KV_CACHE_BYTES, 4 * max_model_len * per_token)
+
+
 def fingerprint(tensors: Sequence[torch.Tensor]) -> Tuple[float, ...]:
     """Every tensor's sum and norm: changes when any weight does (an update, a checkpoint load, a split)."""
     with torch.no_grad():
@@ -60,20 +70,27 @@ def fingerprint(tensors: Sequence[torch.Tensor]) -> Tuple[float, ...]:
 class VllmRollout:
     """The server process and the adapters it holds."""
 
-    def __init__(self, model_dir: Path, adapters: int, lora_rank: int, max_model_len: int):
+    def __init__(self, model_dir: Path, config, adapters: int, lora_rank: int, max_model_len: int, dtype: str,
+                 eos_id: int):
         problem = vllm_problem()
         if problem:
             raise FileNotFoundError(problem)
+        self.eos_id = eos_id
         self.work = Path(tempfile.mkdtemp(prefix="marl-vllm-"))
         self.log = open(self.work / "server.log", "w")
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "VLLM_HOST_IP": "127.0.0.1",
-               "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": ""}
-        command = [str(vllm_python()), str(SERVER), "--model", str(model_dir), "--max-loras", str(max(1, adapters)),
-                   "--max-lora-rank", str(lora_rank), "--max-model-len", str(max_model_len),
-                   "--kv-cache-bytes", str(KV_CACHE_BYTES)]
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=env, cwd=self.work)
-        self._reply("starting")
+               "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        rank = next(r for r in LORA_RANKS if r >= lora_rank)
+        command = [str(vllm_python()), "-I", str(SERVER), "--model", str(model_dir),
+                   "--max-loras", str(max(1, adapters)), "--max-lora-rank", str(rank), "--max-model-len", str(max_model_len), "--dtype", VLLM_DTYPES[dtype],
+                   "--kv-cache-bytes", str(kv_cache_bytes(config, max_model_len, dtype))]
+        try:
+            self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                         text=True, env=env, cwd=self.work)
+            self._reply("starting")
+        except BaseException:
+            self.close()
+            raise
         self.synced: Dict[str, Tuple[float, ...]] = {}  # the weights the server holds, per policy
         self.folders: Dict[str, Path] = {}  # where those adapters lie
         self.exports = 0
@@ -81,20 +98,27 @@ class VllmRollout:
     def _reply(self, what: str) -> dict:
         line = self.proc.stdout.readline()
         if not line:
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-            tail = (self.work / "server.log").read_text()[-3000:]
-            raise RuntimeError(f"the vLLM server ended while {what} (exit {self.proc.poll()}); its log:\n{tail}")
+            raise self._ended(what)
         reply = json.loads(line)
         if "error" in reply:
             raise RuntimeError(f"the vLLM server refused {what}: {reply['error']}")
         return reply
 
+    def _ended(self, what: str) -> RuntimeError:
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.flush()
+        tail = (self.work / "server.log").read_text()[-3000:]
+        return RuntimeError(f"the vLLM server ended while {what} (exit {self.proc.poll()}); its log:\n{tail}")
+
     def _call(self, request: dict, what: str) -> dict:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._ended(what) from None
         return self._reply(what)
 
     def sync(self, model, params: Dict[str, List[torch.Tensor]]) -> None:
@@ -123,12 +147,13 @@ class VllmRollout:
         prompts = [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
         seed = int(torch.randint(0, 2 ** 31 - 1, (1,)))
         reply = self._call({"op": "generate", "policy": policy, "prompts": prompts, "copies": copies,
-                            "max_tokens": max_new_tokens, "temperature": temperature, "greedy": greedy, "seed": seed},
+                            "max_tokens": max_new_tokens, "temperature": temperature, "greedy": greedy, "seed": seed,
+                            "eos": self.eos_id},
                            "generating")
         return reply["tokens"], reply["log_probs"]
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        if getattr(self, "proc", None) is not None and self.proc.poll() is None:
             try:
                 self._call({"op": "stop"}, "stopping")
                 self.proc.wait(timeout=30)

@@ -5,8 +5,10 @@ lines: requests on stdin, one reply each on stdout (everything else vLLM prints 
 
     {"op": "adapters", "adapters": {"<policy>": "<adapter dir>"}}   after every update: new weights
     {"op": "generate", "policy": p, "prompts": [[ids]], "copies": n, "max_tokens": m,
-     "temperature": t, "greedy": false, "seed": s}                  -> {"tokens": [[ids]], "log_probs": [[lp]]}
+     "temperature": t, "greedy": false, "seed": s, "eos": id}       -> {"tokens": [[ids]], "log_probs": [[lp]]}
     {"op": "stop"}
+A request vLLM refuses (a prompt over the model length, an unreadable adapter) gets {"error": ...}
+and the server goes on. Generation stops at `eos` only, as the trainer's own sampler does.
 
 Each adapter sync registers the new weights under a fresh LoRA id and resets the prefix cache
 (stale KV blocks would give the old weights' log-probs). Log-probs are the sampled tokens' after the
@@ -54,39 +56,48 @@ def main() -> int:
               enable_prefix_caching=True, seed=0,
               # whole prefills: a chunked one rewinds a seeded request's generator, which vLLM's CPU build refuses
               enable_chunked_prefill=False, max_num_batched_tokens=max(8192, args.max_model_len))
-    adapters = {}
-    next_id = 1
+    state: dict = {"adapters": {}, "next_id": 1}
     replies.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         request = json.loads(line)
-        op = request.get("op")
-        if op == "stop":
+        if request.get("op") == "stop":
             replies.write(json.dumps({"ok": True}) + "\n")
             return 0
-        if op == "adapters":
-            for policy, path in request["adapters"].items():
-                if policy in adapters:
-                    llm.llm_engine.remove_lora(adapters[policy].lora_int_id)
-                adapters[policy] = LoRARequest(f"{policy}-{next_id}", next_id, path)
-                next_id += 1
-            llm.reset_prefix_cache()
-            replies.write(json.dumps({"ok": True}) + "\n")
-        elif op == "generate":
-            params = [SamplingParams(n=request["copies"], max_tokens=request["max_tokens"], logprobs=0,
-                                     temperature=0.0 if request["greedy"] else request["temperature"],
-                                     seed=request["seed"] + i)  # each prompt its own stream
-                      for i in range(len(request["prompts"]))]
-            prompts = [{"prompt_token_ids": ids} for ids in request["prompts"]]
-            outputs = llm.generate(prompts, params, lora_request=adapters.get(request["policy"]), use_tqdm=False)
-            tokens, log_probs = [], []
-            for output in outputs:  # in request order; each prompt's copies together
-                for sample in output.outputs:
-                    tokens.append(list(sample.token_ids))
-                    log_probs.append([step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)])
-            replies.write(json.dumps({"tokens": tokens, "log_probs": log_probs}) + "\n")
-        else:
-            replies.write(json.dumps({"error": f"unknown op '{op}'; valid: adapters, generate, stop"}) + "\n")
+        try:
+            reply = serve(llm, request, state, SamplingParams, LoRARequest)
+        except Exception as exc:  # noqa: BLE001 - the client reports it; the server stays up
+            reply = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        replies.write(json.dumps(reply) + "\n")
     return 0
+
+
+def serve(llm, request: dict, state: dict, SamplingParams, LoRARequest) -> dict:
+    """One request's reply. `state`: the adapter each policy is served with, and the next LoRA id
+    (never reused: vLLM caches adapters by id)."""
+    op, adapters = request.get("op"), state["adapters"]
+    if op == "adapters":
+        for policy, path in request["adapters"].items():
+            if policy in adapters:
+                llm.llm_engine.remove_lora(adapters[policy].lora_int_id)
+            adapters[policy] = LoRARequest(f"{policy}-{state['next_id']}", state["next_id"], path)
+            state["next_id"] += 1
+        llm.reset_prefix_cache()
+        return {"ok": True}
+    if op != "generate":
+        return {"error": f"unknown op '{op}'; valid: adapters, generate, stop"}
+    params = [SamplingParams(n=request["copies"], max_tokens=request["max_tokens"], logprobs=0,
+                             temperature=0.0 if request["greedy"] else request["temperature"],
+                             seed=request["seed"] + i,  # each prompt its own stream
+                             stop_token_ids=[request["eos"]], ignore_eos=True, detokenize=False)
+              for i in range(len(request["prompts"]))]
+    prompts = [{"prompt_token_ids": ids} for ids in request["prompts"]]
+    outputs = llm.generate(prompts, params, lora_request=adapters.get(request["policy"]), use_tqdm=False)
+    tokens, log_probs = [], []
+    for output in outputs:  # in request order; each prompt's copies together
+        for sample in output.outputs:
+            tokens.append(list(sample.token_ids))
+            log_probs.append([step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)])
+    return {"tokens": tokens, "log_probs": log_probs}
 
 
 if __name__ == "__main__":

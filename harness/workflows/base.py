@@ -175,8 +175,9 @@ class Workflow(ABC):
 
     @property
     def chat(self) -> str:
-        """How its prompts reach the model (harness/chat.py): its prompt set's way."""
-        return self.style.chat
+        """How its prompts reach the model (harness/chat.py): workflow.chat, or (auto) its prompt set's way."""
+        chosen = getattr(self.cfg, "chat", "auto")
+        return self.style.chat if chosen == "auto" else chosen
 
     @abstractmethod
     def roles(self) -> List[RoleSpec]:

@@ -380,7 +380,11 @@ class GraphWorkflow(Workflow):
 
     @property
     def chat(self) -> str:
-        """One-message prompt sets stay one message; a chat-rendering one frames as the graph says, if it does."""
+        """workflow.chat when set; else one-message prompt sets stay one message and a chat-rendering one
+        frames as the graph says, if it does."""
+        chosen = getattr(self.cfg, "chat", "auto")
+        if chosen != "auto":
+            return chosen
         return self.style.chat if self.style.chat == "template" else (self.spec.chat or self.style.chat)
 
     def templates(self) -> Dict[str, str]:

@@ -39,6 +39,7 @@ if __package__ in (None, ""):  # `python grid/launch.py`: make the repo root imp
 from grid.evaluation import EvaluateOptions, evaluate  # noqa: E402
 from grid.expand import CONF_DIR, GridError, check_cells, choices, expand, table  # noqa: E402
 from grid.gpu_estimate import estimate_line, load_measurement  # noqa: E402
+from grid.plan_settings import settings_lines  # noqa: E402
 from harness.report_hooks import build_report  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -507,7 +508,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if cfg.dry_run:
             invalid = check_cells(cells, strict=False)
             print(table(cells))
-            estimate = estimate_line(sized_configs(cells), load_measurement())
+            configs = sized_configs(cells)
+            for line in settings_lines(configs):
+                print(line)
+            estimate = estimate_line(configs, load_measurement())
             if estimate:  # before the summary, which stays the last line
                 print(estimate)
             n_base = sum(c.is_baseline for c in cells)

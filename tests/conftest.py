@@ -38,6 +38,13 @@ def warm_model_dir():
     return prepare_model(cfg, build_task(cfg))
 
 
+def dry_run_cells(stdout: str) -> list[str]:
+    """The cell rows of a launcher's dry run (ids end in -s<seed>), without its header, settings and summary."""
+    import re
+
+    return [row for row in stdout.strip().splitlines()[1:] if re.match(r"\S+-s\d+\s", row)]
+
+
 def python_cmd() -> list[str]:
     return [sys.executable, "-m", "harness.run"]
 

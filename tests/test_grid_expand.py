@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from grid.expand import GridError, check_cells, expand
 from grid.launch import EXIT_BAD_INPUT, compose, main
-from tests.conftest import REPO
+from tests.conftest import REPO, dry_run_cells
 
 LAUNCH = [sys.executable, "grid/launch.py"]
 
@@ -83,12 +83,15 @@ def test_dry_run_prints_42_cells_with_gpu_resources():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert "42 cells: 36 multi-agent + 6 single-agent baselines" in lines[-1]
-    # header, 42 cells, the measured estimate (or why there is none: no GPU figures kept), summary
-    assert len(lines) == 45 and ("GPU-hours estimate" in lines[-2] or lines[-2].startswith("estimate:"))
+    # header, 42 cells, the training settings (tests/test_study_settings.py reads them), the measured
+    # estimate (or why there is none: no GPU figures kept), summary
+    settings = [l for l in lines if l.startswith(("loops:", "validation:", "training:", "the paper's"))]
+    assert len(lines) == 45 + len(settings) and ("GPU-hours estimate" in lines[-2] or lines[-2].startswith("estimate:"))
+    assert lines[43: 43 + len(settings)] == settings  # right after the cells
     assert any("voting-sp-dapo-math-qwen3-4b-s0" in l and "1n 4g 32c 256G 1440m  96 " in l for l in lines)
     # GPU-hours reserved: each cell's GPUs x its time limit (0.6b 1 x 12 h, 1.7b 2 x 18 h, 4b 4 x 24 h),
     # 14 cells per scale (2 tasks x (6 multi-agent + 1 baseline)), summed in the last line
-    per_cell = [float(l.split()[line_gpu_column(lines)]) for l in lines[1:-2]]
+    per_cell = [float(l.split()[line_gpu_column(lines)]) for l in lines[1:43]]
     assert sum(per_cell) == 14 * (12 + 36 + 96) and "2016 GPU-hours reserved" in lines[-1]
 
 
@@ -280,7 +283,7 @@ def test_a_graph_file_on_the_topology_axis_expands_into_cells_named_by_its_stem(
     monkeypatch.chdir(tmp_path)  # a path relative to where the sweep is launched
     axis = ["sweep=smoke", "sweep.axes.topology=[flows/my_flow.yaml,voting]", "+sweep.exclude=[{topology: my_flow, sharing: sp}]"]
     assert main([f"root={tmp_path / 'runs'}", *axis, "dry_run=true"]) == 0
-    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:-1]}
+    rows = {line.split()[0]: line for line in dry_run_cells(capsys.readouterr().out)}
     assert set(rows) == {"my_flow-ip-arith-tiny-m-s0", "voting-sp-arith-tiny-m-s0", "voting-ip-arith-tiny-m-s0",
                          "single-arith-tiny-m-s0"}  # the graph's sp cell excluded by its label
     assert all(row.rstrip().endswith(" ok") for row in rows.values())

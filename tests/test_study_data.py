@@ -13,7 +13,7 @@ from harness.config import CellConfig
 from harness.tasks import build_task
 from harness.tasks.code import deepcoder_tests
 from harness.tasks.math import dapo_problem
-from tests.conftest import REPO, python_cmd
+from tests.conftest import REPO, dry_run_cells, python_cmd
 
 FIXTURES = REPO / "tests" / "fixtures"
 
@@ -213,8 +213,7 @@ def test_full_matrix_without_the_data_lists_each_cells_missing_files_and_refuses
     env = {k: v for k, v in os.environ.items() if k != "MARL_DATA_ROOT"}
     dry = subprocess.run(launch + ["dry_run=true"], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert dry.returncode == 0, dry.stderr
-    rows = [r for r in dry.stdout.strip().splitlines()[1:-1] if "GPU-hours estimate" not in r
-            and not r.startswith("estimate:")]  # the measured estimate's line sits before the summary
+    rows = dry_run_cells(dry.stdout)
     assert len(rows) == 42
     for row in rows:
         files = (["deepcoder_primeintellect.parquet"] if "-deepcoder-" in row else
@@ -234,7 +233,7 @@ def test_full_matrix_on_the_study_files_under_a_data_root_dry_runs_clean_and_tra
             f"sweep.cell.data.root={root}", "sweep.axes.scale=[qwen3-tok]"]
     dry = subprocess.run(base + ["dry_run=true"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0, dry.stderr
-    rows = dry.stdout.strip().splitlines()[1:-1]
+    rows = dry_run_cells(dry.stdout)
     assert len(rows) == 14 and all(row.rstrip().endswith(" ok") for row in rows), dry.stdout
     small = ["sweep.axes.topology=[voting]", "sweep.axes.task=[math]", "sweep.axes.sharing=[ip]", "sweep.baseline=false",
              "sweep.cell.steps=2", "sweep.cell.algo.problems_per_step=2", "sweep.cell.algo.group_size=2",

@@ -98,3 +98,25 @@ def test_under_the_studys_cluster_the_token_budget_is_the_study_launchers_for_it
         cell.overrides.setdefault("data", {})
         budgets.setdefault(cell.axes["scale"], set()).add(value_of(cell, "verl.max_token_len_per_gpu"))
     assert budgets == {"qwen3-0.6b": {28672}, "qwen3-1.7b": {23554}, "qwen3-4b": {40960}}
+
+
+def test_full_matrix_dry_run_shows_the_studys_loops_validation_and_checkpoints():
+    """What a reader checks against the paper before spending GPU-hours, in the dry run itself: Eval-Opt's
+    3 / 2 drafts (dashboard/task_configs.py l.44-47, l.110), 3 subtasks (l.52-55, l.120), validation every
+    10 steps on AIME 2025 and DeepCoder's held-out 1,000 (study.yaml test_freq; prepare_deepcoder_data.py),
+    a checkpoint every 5 steps, all kept (study.yaml l.152), and how the paper's math figures are scored."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "grid/launch.py", "sweep=full_matrix", "dry_run=true"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert "loops: eval_opt: 2 drafts at most, each judged on deepcoder; 3 drafts at most, each judged on dapo-math" \
+        in out
+    assert "loops: orch_workers: 3 subtasks at most on dapo-math, deepcoder" in out
+    assert "validation: dapo-math: every 10 steps, 30 problems x 1 on aime_2025.parquet" in out
+    assert ("validation: deepcoder: every 10 steps, 1000 problems x 1 on the training file's held-out part "
+            "(test_size 1000 problems, seed 42)") in out
+    assert "training: 500 steps, a checkpoint every 5 (100 kept)" in out
+    assert "action=evaluate evaluate.split=held_out evaluate.problems=null evaluate.lengths=study" in out
+    assert out.strip().splitlines()[-1].startswith("42 cells")  # the summary stays the last line

@@ -55,8 +55,8 @@ def parse_verdict(text: str, feedback_vocabulary: Sequence[str] = (), tolerant: 
     (ACCEPT ends the loop) and malformed. A verdict that carries a code block is malformed too:
     an evaluator writing code is the symptom of role capture.
 
-    tolerant (Qwen3 prompts, strict format `\\boxed{Correct}` / `\\boxed{Incorrect}` and a
-    `FEEDBACK:` line): the last boxed verdict, else the last labelled one ('Verdict: REVISE'), else
+    tolerant (Qwen3 prompts, strict format `\\boxed{Correct}` / `\\boxed{Incorrect}`; a `FEEDBACK:`
+    line, where a reply has one, is the feedback): the last boxed verdict, else the last labelled one ('Verdict: REVISE'), else
     the last verdict word of the reply's final sentences ('... is not correct'); none: `unparsed`
     (the study's REVISE: keep refining)."""
     if not tolerant:
@@ -139,7 +139,8 @@ _STUDY_DIGIT = re.compile(r"\b([1-9])\b")
 def study_verdict(text: str, unparsed: str = REVISE) -> Verdict:
     """The study's verdict parse (examples/math_reasoning/evaluator_optimizer_math_workflow.py
     l.183-194): the first `\\boxed{Correct}` / `\\boxed{Incorrect}`, any case; none: `unparsed` (the
-    study keeps refining). Feedback: the harness's `FEEDBACK:` line or the reply without its box.
+    study keeps refining). Feedback: a `FEEDBACK:` line if the reply has one, else the reply without its
+    box (under the study's chat the reviser reads the whole reply in the conversation instead).
     Malformed: not exactly one box, or code in the verdict."""
     body = visible(text)
     found = list(_STUDY_VERDICT.finditer(body))

@@ -35,3 +35,27 @@ def code_turn_level(episode: Episode, cfg) -> List[float]:
             raise ValueError(f"code_turn_level pays workflow D's planner, coder and reflector; got role {turn.role}")
         rewards.append(task - FORMAT_WEIGHT * float(turn.malformed))
     return rewards
+
+
+def mask_turn_level(episode: Episode, cfg) -> List[float]:
+    """Workflow C (mask_search) as UnityMAS-O's MAskTurnLevelRewardAllocator pays it
+    (verl/experimental/star_ppo/reward_allocators/mask_turn_level.py ~l.108-175): with F1_r the token F1
+    of round r's answer, the answerer of round r gets F1_r; the query that opened round r (the planner's
+    in the first round, the searcher's after) and round r's summary and notes update get the round's gain
+    F1_r - F1_{r-1} (F1_r in the first round); a searcher that stops gets 0; every turn
+    FORMAT_WEIGHT x (0 if its reply follows its contract, else -1). Upstream's planner also predicts an
+    answer and is paid that answer's F1, and its first search is measured against it; the harness's
+    planner writes the first query only (docs/unitymas.md)."""
+    f1 = [t.stats.get("f1", float(bool(t.role_correct))) for t in episode.turns if t.role == "answerer"]
+    rewards, round_ = [], 0
+    for turn in episode.turns:
+        gain = f1[round_] - (f1[round_ - 1] if round_ > 0 else 0.0) if round_ < len(f1) else 0.0
+        if turn.role == "answerer":
+            task, round_ = f1[round_], round_ + 1
+        elif turn.role in ("planner", "summarizer", "updater", "searcher"):
+            task = gain  # a searcher's query opens the next round; one that stopped opens none (0)
+        else:
+            raise ValueError(f"mask_turn_level pays workflow C's planner, summarizer, updater, answerer and searcher; "
+                             f"got role {turn.role}")
+        rewards.append(task - FORMAT_WEIGHT * float(turn.malformed))
+    return rewards

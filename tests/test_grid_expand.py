@@ -346,7 +346,8 @@ def test_the_unitymas_sweep_trains_ppo_with_gae_under_the_papers_map():
     assert {r.sharing for r in resolved if r.topology != "single"} == {"paper"}
     assert all(r.algo.gae_scope == "turn" for r in resolved)  # upstream's GAE: every turn its own episode
     paid = {r.topology: r.reward.allocator for r in resolved}
-    assert paid.pop("reflective_code") == "harness.allocators:code_turn_level" and set(paid.values()) == {None}
+    assert paid.pop("reflective_code") == "harness.allocators:code_turn_level"
+    assert paid.pop("mask_search") == "harness.allocators:mask_turn_level" and set(paid.values()) == {None}
     with pytest.raises(GridError, match="sweep.topology_cell names voting, not on the sweep's topology axis"):
         bad = compose(["sweep=unitymas", "+sweep.topology_cell.voting={steps: 3}"])
         expand(bad.sweep, bad.cluster, "runs")

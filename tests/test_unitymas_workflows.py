@@ -170,16 +170,55 @@ def test_mask_search_follows_the_notes_and_stops_within_three_searches(world):
 
     episode = _episode(workflow, bridge, faithful)
     assert episode.grade.correct and episode.stats["searches"] == 2
+    assert [t.role for t in episode.turns] == ["planner", "summarizer", "updater", "answerer", "searcher",
+                                               "summarizer", "updater", "answerer", "searcher"]  # an answer every round
     assert all(t.role_correct for t in episode.turns)
     never_done = _episode(workflow, bridge, lambda p: f"SEARCH: {q1}" if p.startswith(("plan:", "next:")) else "x")
     assert never_done.stats["searches"] == 3  # bounded: the first search and at most 2 more
+    assert [t.role for t in never_done.turns][-2:] == ["updater", "answerer"]  # no query asked after the third answer
 
     metrics = rollout_metrics([episode, never_done])
     for key in ("episode/em", "episode/f1", "episode/searches", "role/searcher/calls", "role/planner/prompt_tokens",
                 "role/updater/output_tokens", "role/answerer/advantage_mean", "role/summarizer/samples",
                 "role/searcher/format_ok"):
         assert key in metrics, key
-    assert metrics["episode/searches"] == 2.5 and metrics["role/searcher/calls"] == 2.5
+    assert metrics["episode/searches"] == 2.5 and metrics["role/searcher/calls"] == 2.0
+    assert metrics["role/answerer/calls"] == 2.5
+
+
+def test_cs_upstream_allocator_pays_each_answer_its_f1_and_each_round_its_gain(world):
+    """reward.allocator=harness.allocators:mask_turn_level on C's real control flow, F1_r the token F1 of
+    round r's answer: the answerer gets F1_r, the round's query, summary and notes update its gain over the
+    round before, a searcher that stops 0; a malformed reply costs 1 (upstream's format reward)."""
+    from harness.allocators import mask_turn_level
+
+    workflow = GraphWorkflow(world, cell_free_workflow_cfg(), load_graph(GRAPH_DIR / "mask_search.yaml"))
+    bridge = next(p for p in world.problems("val") if p.meta["kind"] == "bridge")
+    q1, q2 = bridge.meta["queries"]
+    half = f"{bridge.answer} extra words"  # a partial answer: F1 strictly between 0 and 1
+
+    def two_rounds(prompt):
+        if prompt.startswith("plan:"):
+            return f"SEARCH: {q1}"
+        if prompt.startswith("next:"):
+            return f"SEARCH: {q2}" if "x2" not in prompt else "STOP"
+        if prompt.startswith("note:"):
+            return "x2" if "x1" in prompt else "x1"
+        if prompt.startswith("answer:"):
+            return bridge.answer if "x2" in prompt else half
+        return "fact"
+
+    episode = _episode(workflow, bridge, two_rounds)
+    f1 = [t.stats["f1"] for t in episode.turns if t.role == "answerer"]
+    assert 0 < f1[0] < 1 and f1[1] == 1.0 and episode.grade.correct  # the episode's answer is the last round's
+    # planner, summarizer, updater, answerer | searcher (opens round 2), summarizer, updater, answerer | searcher (stops)
+    gain = 1.0 - f1[0]
+    assert mask_turn_level(episode, None) == pytest.approx([f1[0]] * 4 + [gain] * 3 + [1.0, 0.0])
+    episode.turns[4].malformed = True
+    assert mask_turn_level(episode, None)[4] == pytest.approx(gain - 1.0)
+    with pytest.raises(ValueError, match="got role voter"):
+        episode.turns[0].role = "voter"
+        mask_turn_level(episode, None)
 
 
 def test_parallel_retrieval_calls_the_tool_once_per_sub_query(world):

@@ -217,8 +217,8 @@ class Workflow(ABC):
         grade = self.task.grade(problem, turn.text)
         self.mark_format(turn, grade.parsed)
         turn.role_correct = grade.correct
-        if self.task.kind == "code" and grade.score is not None:  # the share of the tests it passed
-            turn.stats["pass_rate"] = grade.score
+        if grade.score is not None:  # code: the share of the tests it passed; QA: the answer's token F1
+            turn.stats["pass_rate" if self.task.kind == "code" else "f1"] = grade.score
         return grade
 
     def mark_format(self, turn: Turn, parsed: Optional[str]) -> None:

@@ -5,8 +5,9 @@ A graph names its roles (each with an output contract and an instance count) and
 node is one LLM role call, several calls of one role at once, or a tool (a Python callable).
 Execution starts at the first node and, after each node, follows the first outgoing edge whose
 condition holds (`when: <node>.<field>`, true when the field is; or `<node>.<field> != <text>`
-and `== <text>`, comparing its text, e.g. a tool's 'pass'); it ends where no edge fires. A cycle
-must pass through a conditional edge with `max_rounds`, so every loop is bounded.
+and `== <text>`, comparing its text, e.g. a tool's 'pass') and that has not fired `max_rounds` times
+yet; it ends where no edge fires. A cycle must pass through an edge with `max_rounds`, so every loop
+is bounded.
 
     name: vote3
     roles: {voter: {contract: answer, instances: 3}, aggregator: {contract: index}}
@@ -231,8 +232,8 @@ def _check(spec: GraphSpec) -> None:
         for end in (edge.source, edge.target):
             if end not in nodes:
                 raise GraphError(f"edge {edge.source} -> {edge.target}: unknown node '{end}'")
-        if edge.max_rounds is not None and (not isinstance(edge.max_rounds, (int, str)) or edge.when is None):
-            raise GraphError(f"edge {edge.source} -> {edge.target}: max_rounds goes with a condition (when:)")
+        if edge.max_rounds is not None and not isinstance(edge.max_rounds, (int, str)):
+            raise GraphError(f"edge {edge.source} -> {edge.target}: max_rounds is a number or workflow.<field>")
         if edge.when is not None:
             _field_ref(spec, parse_condition(edge.when)[0], f"edge {edge.source} -> {edge.target}")
     if spec.final not in nodes:
@@ -338,7 +339,7 @@ def _check_bounded(spec: GraphSpec) -> None:
                 continue
             if state.get(edge.target) == 1:
                 cycle = path[path.index(edge.target):] + [edge.target]
-                raise GraphError(f"unbounded loop {' -> '.join(cycle)}: give one of its edges a condition and max_rounds")
+                raise GraphError(f"unbounded loop {' -> '.join(cycle)}: give one of its edges max_rounds")
             if edge.target not in state:
                 visit(edge.target, path + [edge.target])
         state[node] = 2
@@ -446,13 +447,12 @@ class GraphWorkflow(Workflow):
         for index, edge in enumerate(self.spec.edges):
             if edge.source != node:
                 continue
-            if edge.when is not None:
-                if not _holds(parse_condition(edge.when), state):
+            if edge.when is not None and not _holds(parse_condition(edge.when), state):
+                continue
+            if edge.max_rounds is not None:
+                if rounds.get(index, 0) >= self._count(edge.max_rounds):
                     continue
-                if edge.max_rounds is not None:
-                    if rounds.get(index, 0) >= self._count(edge.max_rounds):
-                        continue
-                    rounds[index] = rounds.get(index, 0) + 1
+                rounds[index] = rounds.get(index, 0) + 1
             return edge.target
         return None
 

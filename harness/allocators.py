@@ -42,18 +42,21 @@ def mask_turn_level(episode: Episode, cfg) -> List[float]:
     (verl/experimental/star_ppo/reward_allocators/mask_turn_level.py ~l.108-175): with F1_r the token F1
     of round r's answer, the answerer of round r gets F1_r; the query that opened round r (the planner's
     in the first round, the searcher's after) and round r's summary and notes update get the round's gain
-    F1_r - F1_{r-1} (F1_r in the first round); a searcher that stops gets 0; every turn
+    F1_r - F1_{r-1} (F1_r in the first round); a search role that stops gets 0; every turn
     FORMAT_WEIGHT x (0 if its reply follows its contract, else -1). Upstream's planner also predicts an
-    answer and is paid that answer's F1, and its first search is measured against it; the harness's
-    planner writes the first query only (docs/unitymas.md)."""
+    answer, paid its F1, and an answer_0 from the plan comes before the first search, so upstream's first
+    round is paid its gain over answer_0's F1; here the planner writes the first query only and the first
+    round is paid its F1 (docs/unitymas.md)."""
     f1 = [t.stats.get("f1", float(bool(t.role_correct))) for t in episode.turns if t.role == "answerer"]
     rewards, round_ = [], 0
     for turn in episode.turns:
         gain = f1[round_] - (f1[round_ - 1] if round_ > 0 else 0.0) if round_ < len(f1) else 0.0
         if turn.role == "answerer":
             task, round_ = f1[round_], round_ + 1
-        elif turn.role in ("planner", "summarizer", "updater", "searcher"):
-            task = gain  # a searcher's query opens the next round; one that stopped opens none (0)
+        elif turn.role in ("planner", "searcher"):  # a query opens the next round; a stop opens none
+            task = 0.0 if turn.stats.get("stop") else gain
+        elif turn.role in ("summarizer", "updater"):
+            task = gain
         else:
             raise ValueError(f"mask_turn_level pays workflow C's planner, summarizer, updater, answerer and searcher; "
                              f"got role {turn.role}")

@@ -197,7 +197,8 @@ class Controller:
             assign_rewards(episode, self.cfg.reward, self.cfg.algo.adv_estimator)
         metrics = rollout_metrics(episodes, prefix="val/", selection_pressure=False)  # no advantages here
         kept = {k: v for k, v in metrics.items()
-                if k.endswith(("accuracy", "format_ok", "fallback", "response_length", "distinct_candidates"))
+                if k.endswith(("accuracy", "format_ok", "fallback", "response_length", "distinct_candidates", "pass_rate",
+                               "/f1"))
                 or k.startswith("val/episode/")}
         kept["val/accuracy_se"] = accuracy_standard_error(episodes)
         return kept

@@ -216,6 +216,23 @@ def test_cs_upstream_allocator_pays_each_answer_its_f1_and_each_round_its_gain(w
     assert mask_turn_level(episode, None) == pytest.approx([f1[0]] * 4 + [gain] * 3 + [1.0, 0.0])
     episode.turns[4].malformed = True
     assert mask_turn_level(episode, None)[4] == pytest.approx(gain - 1.0)
+
+    def three_rounds(prompt):  # round 1 right, round 2 partial, round 3 right: a negative gain, then no query
+        if prompt.startswith(("plan:", "next:")):
+            return f"SEARCH: {q1}"
+        if prompt.startswith("note:"):
+            return {"none": "x1", "x1": "x2"}.get(prompt[len("note: "):].split("\n")[0], "x3")
+        if prompt.startswith("answer:"):
+            return half if "x2" in prompt else bridge.answer
+        return "fact"
+
+    three = _episode(workflow, bridge, three_rounds)
+    assert [t.role for t in three.turns][-1] == "answerer" and three.stats["searches"] == 3
+    loss = f1[0] - 1.0
+    assert mask_turn_level(three, None) == pytest.approx([1.0] * 4 + [loss] * 3 + [f1[0]] + [-loss] * 3 + [1.0])
+    stopping = _episode(workflow, bridge, lambda p: "STOP" if p.startswith(("plan:", "next:")) else bridge.answer)
+    assert [t.stats.get("stop") for t in stopping.turns if t.role in ("planner", "searcher")] == [1.0, 1.0]
+    assert mask_turn_level(stopping, None) == [0.0, 1.0, 1.0, 1.0, 0.0]  # a stopping planner is paid nothing
     with pytest.raises(ValueError, match="got role voter"):
         episode.turns[0].role = "voter"
         mask_turn_level(episode, None)

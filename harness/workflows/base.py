@@ -281,6 +281,7 @@ class Workflow(ABC):
 
         action = parse_search(turn.text, self.style.tolerant)
         turn.malformed, turn.fallback = action.malformed, action.fallback
+        turn.stats["stop"] = float(action.stop)
         text = "STOP" if action.stop else f"SEARCH: {action.query}"
         if check and not action.fallback:
             turn.role_correct = self.task.check_text(check, problem, text, fields)

@@ -27,7 +27,7 @@ from harness.instrument.rollout import rollout_metrics
 from harness.rewards import assign_rewards
 from harness.sharing import PolicyMap
 from harness.tasks import Problem, Task
-from harness.episodes import Episode
+from harness.episodes import Episode, PromptTooLong
 from harness.workflows import Agents, Scheduler, Workflow
 from harness.workflows.prompts import cell_prompts
 from harness.metric_keys import policy_key, role_key
@@ -92,8 +92,13 @@ class Controller:
 
         async def one(problem: Problem, group: int) -> Episode:
             agents = Agents(scheduler, self.policy_map.policy_of, self.prompts, self.budgets,
-                            self.cfg.algo.temperature, greedy, self.workflow.chat)
-            episode = await self.workflow.episode(problem, agents)
+                            self.cfg.algo.temperature, greedy, self.workflow.chat, self.cfg.data.max_prompt_length)
+            try:
+                episode = await self.workflow.episode(problem, agents)  # a graph ends a capped episode itself
+            except PromptTooLong:  # a Python workflow that did not: its turns so far, no answer
+                episode = Episode(problem, agents.turns, "", self.task.grade(problem, ""), stats={"prompt_capped": 1.0})
+            if agents.max_prompt_tokens is not None:
+                episode.stats.setdefault("prompt_capped", 0.0)
             episode.group = group
             return episode
 

@@ -16,6 +16,7 @@ class Generation:
     text: str
     truncated: bool  # hit the token budget without an end-of-turn token
     log_probs: Optional[List[float]] = None  # each response token's log-prob as the sampler drew it
+    over_prompt_cap: bool = False  # not sampled: the prompt is longer than Sampling.max_prompt_tokens
 
 
 @dataclass
@@ -58,6 +59,12 @@ class Sampling:
     max_new_tokens: int
     temperature: float = 1.0
     greedy: bool = False
+    max_prompt_tokens: Optional[int] = None  # a longer prompt is not sampled (the study's data.max_prompt_length)
+
+
+class PromptTooLong(Exception):
+    """A role's prompt is over the cell's prompt cap: the episode ends there, as upstream's engine ends it
+    (TerminationReason.MAX_PROMPT_LENGTH_EXCEEDED), its earlier turns kept with their own rewards."""
 
 
 GenerateFn = Callable[[str, List[str], Sampling], List[Generation]]

@@ -140,7 +140,8 @@ class LocalEngine:
         if self.rollout is not None:
             self.rollout.sync(self.model, self.params)  # the server gets what changed since it last sampled
             return generate_grouped(tok, prompts, lambda ids, mask, copies: self.rollout.sample(
-                policy, ids, mask, copies, sampling.max_new_tokens, sampling.temperature, sampling.greedy))
+                policy, ids, mask, copies, sampling.max_new_tokens, sampling.temperature, sampling.greedy),
+                sampling.max_prompt_tokens)
 
         def sample(input_ids, attention_mask, copies):
             input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
@@ -149,7 +150,7 @@ class LocalEngine:
                                                 tok.pad_token_id)
             return tokens.tolist(), log_probs.tolist()
 
-        return generate_grouped(tok, prompts, sample)
+        return generate_grouped(tok, prompts, sample, sampling.max_prompt_tokens)
 
     @torch.no_grad()
     def prompt_features(self, policy: str, prompts: Sequence[List[int]]) -> torch.Tensor:

@@ -70,10 +70,13 @@ def group_duplicates(prompts: Sequence[str]) -> Dict[int, List[List[int]]]:
 Sampled = Tuple[List[List[int]], Optional[List[List[float]]]]  # new tokens per row, their log-probs (or None)
 
 
-def generate_grouped(tokenizer, prompts: Sequence[str], sample: Callable[[torch.Tensor, torch.Tensor, int], Sampled]):
+def generate_grouped(tokenizer, prompts: Sequence[str], sample: Callable[[torch.Tensor, torch.Tensor, int], Sampled],
+                     max_prompt_tokens: Optional[int] = None):
     """One Generation per prompt: identical prompts are encoded once and sampled `copies` times by
     `sample(input_ids, attention_mask, copies)` (rows grouped per prompt, as `sample_repeated`),
-    which returns the new tokens of each row and, where the sampler reports them, their log-probs."""
+    which returns the new tokens of each row and, where the sampler reports them, their log-probs.
+    A prompt of more than `max_prompt_tokens` tokens is not sampled: its Generation says so
+    (`over_prompt_cap`), as upstream's engine refuses it before generating."""
     def generation(prompt_ids: List[int], new: List[int], new_log_probs: Optional[List[float]]) -> Generation:
         eos = tokenizer.eos_token_id
         if eos in new:
@@ -88,6 +91,15 @@ def generate_grouped(tokenizer, prompts: Sequence[str], sample: Callable[[torch.
     results: List[Optional[Generation]] = [None] * len(prompts)
     for copies, groups in group_duplicates(prompts).items():
         distinct = [chat_prompt(tokenizer, prompts[indices[0]]) for indices in groups]
+        if max_prompt_tokens is not None:
+            ids = tokenizer(distinct, add_special_tokens=False)["input_ids"]
+            for text_ids, indices in zip(ids, groups):
+                for index in indices if len(text_ids) > max_prompt_tokens else ():
+                    results[index] = Generation(list(text_ids), [], "", False, over_prompt_cap=True)
+            groups = [g for g, text_ids in zip(groups, ids) if len(text_ids) <= max_prompt_tokens]
+            distinct = [d for d, text_ids in zip(distinct, ids) if len(text_ids) <= max_prompt_tokens]
+            if not groups:
+                continue
         enc = tokenizer(distinct, return_tensors="pt", padding=True, add_special_tokens=False)
         new, new_log_probs = sample(enc["input_ids"], enc["attention_mask"], copies)
         for g, indices in enumerate(groups):

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
-from harness.episodes import Episode, GenerateFn, Generation, Sampling, Turn
+from harness.episodes import Episode, GenerateFn, Generation, PromptTooLong, Sampling, Turn
 from harness.tasks import Grade, Problem, Task
 
 
@@ -118,8 +118,9 @@ class Agents:
 
     def __init__(self, scheduler: Scheduler, policy_of: Callable[[str, int], str],
                  prompts: Dict[str, str], budgets: Dict[str, int], temperature: float, greedy: bool,
-                 chat: str = "template"):
+                 chat: str = "template", max_prompt_tokens: Optional[int] = None):
         self._scheduler = scheduler
+        self.max_prompt_tokens = max_prompt_tokens  # a longer prompt ends the episode (PromptTooLong)
         self._chat = chat  # harness/chat.py: how a prompt is framed for the model
         self.conversation: List[Tuple[str, str]] = []  # the episode's shared chat (the study's Eval-Opt history)
         self._policy_of = policy_of
@@ -142,10 +143,13 @@ class Agents:
         shared = conversation and self._chat == "study"
         prompt = frame(self._chat, self.conversation if shared else (), text)
         policy = self._policy_of(role, instance)
-        sampling = Sampling(self._budgets[role], self._temperature, self._greedy)
+        sampling = Sampling(self._budgets[role], self._temperature, self._greedy, self.max_prompt_tokens)
         depth = self._frontier  # requests filed together (a gather: voters, workers) are one stage;
         generation = await self._scheduler.request(policy, prompt, sampling)  # the scheduler serves a round
         self._frontier = max(self._frontier, depth + 1)  # only once every episode has filed its requests
+        if generation.over_prompt_cap:
+            raise PromptTooLong(f"{role}'s prompt has {len(generation.prompt_ids)} tokens, over the cap of "
+                                f"{self.max_prompt_tokens} (data.max_prompt_length)")
         turn = Turn(role, instance, policy, prompt, generation.prompt_ids, generation.response_ids,
                     generation.text, generation.truncated, index=len(self.turns), depth=depth,
                     rollout_log_probs=generation.log_probs)

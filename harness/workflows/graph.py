@@ -62,6 +62,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from harness.chat import CHATS
 from harness.config import GRAPH_FILE_SUFFIXES, GRAPH_SHARING_MODES, REWARD_TERMS, ConfigError
+from harness.episodes import PromptTooLong
 from harness.imports import import_object
 from harness.workflows.base import Agents, Episode, RoleSpec, Turn, Workflow
 from harness.workflows.contracts import ACCEPT
@@ -425,22 +426,28 @@ class GraphWorkflow(Workflow):
         state: Dict[str, _Result] = {}
         rounds: Dict[int, int] = {}
         runs: Dict[str, int] = {}
-        node = next(iter(self.spec.nodes))
+        node, capped = next(iter(self.spec.nodes)), False
         while node is not None:
             spec = self.spec.nodes[node]
             runs[node] = runs.get(node, 0) + 1
-            result = await self._run(spec, problem, agents, state)
+            try:
+                result = await self._run(spec, problem, agents, state)
+            except PromptTooLong:  # the episode ends here; the answer is the final node's so far, if any
+                capped = True
+                break
             state[spec.writes or spec.id] = result
             if spec.writes:
                 state[spec.id] = result
             node = self._next(node, state, rounds)
-        final = state[self.spec.final]
+        final = state.get(self.spec.final, _Result([], {"text": ""}))
         if "chosen" in final.fields:
             text = final.fields["chosen"]
         else:
             text = final.turns[0].text if final.turns else final.fields["text"]
         grade = final.grade if final.grade is not None and "chosen" not in final.fields else self.task.grade(problem, text)
         stats = {metric: float(runs.get(node, 0)) for metric, node in self.spec.counts.items()}
+        if agents.max_prompt_tokens is not None:
+            stats["prompt_capped"] = float(capped)
         return Episode(problem, agents.turns, text, grade, stats=stats)
 
     def _next(self, node: str, state, rounds) -> Optional[str]:

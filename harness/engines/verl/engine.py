@@ -233,7 +233,7 @@ class VerlEngine:
             return rollout_sample(self.rollout, server, input_ids, attention_mask, copies, sampling.max_new_tokens,
                                   sampling.temperature, sampling.greedy, tok.eos_token_id, tok.pad_token_id, seed)
 
-        return generate_grouped(tok, prompts, sample)
+        return generate_grouped(tok, prompts, sample, sampling.max_prompt_tokens)
 
     def _sync_rollouts(self) -> None:
         """Every policy's rollout server gets its trainer's current weights (all groups at once)."""

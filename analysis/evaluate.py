@@ -41,6 +41,9 @@ MODES = ("trained", "base", "single_agent_transfer")
 SPLITS = ("validation", "held_out")
 LENGTHS = ("run", "study")
 STUDY_EVAL_NEW_TOKENS = {"math": 8192, "code": 5120}  # eval_prompt_response_lengths' responses, every workflow
+# ... and their prompt caps per workflow (upstream dashboard/task_configs.py l.35-42, l.100-107)
+STUDY_EVAL_PROMPT_TOKENS = {"math": {"eval_opt": 30720, "voting": 25600, "orch_workers": 25600, "single": 15360},
+                            "code": {"eval_opt": 15360, "voting": 20480, "orch_workers": 20480, "single": 4096}}
 RESULTS = "eval_results.jsonl"
 TRAJECTORIES = "eval_trajectories"  # <run>/eval_trajectories/<mode>-<split>-<phase>-<checkpoint>.jsonl
 
@@ -165,15 +168,27 @@ def evaluation_budget(cfg, task_kind: str, lengths: str = "run") -> int:
     return STUDY_EVAL_NEW_TOKENS[task_kind]
 
 
-def apply_budget(cfg, budget: int) -> None:
+def apply_budget(cfg, budget: int, prompt_cap: Optional[int] = None) -> None:
     """Score at `budget` new tokens a reply, every role (the study's evaluation gives all agents one
-    length): vLLM's context grows by what the budget adds."""
+    length): vLLM's context grows by what the budget adds. A `prompt_cap` (the study's evaluation caps)
+    replaces the run's data.max_prompt_length, and vLLM's context is at least the cap plus the budget."""
     grown = budget - int(cfg.workflow.max_new_tokens)
     if grown:
         cfg.workflow.role_max_new_tokens = {}
     cfg.workflow.max_new_tokens = budget
     if grown > 0:
         cfg.verl.rollout_max_model_len = int(cfg.verl.rollout_max_model_len) + grown
+    if prompt_cap is not None:
+        cfg.data.max_prompt_length = prompt_cap
+        cfg.verl.rollout_max_model_len = max(int(cfg.verl.rollout_max_model_len), prompt_cap + budget)
+
+
+def evaluation_prompt_cap(cfg, task_kind: str, lengths: str = "run") -> Optional[int]:
+    """The prompt cap to score at: the run's own, or at study lengths the study's evaluation cap for the
+    workflow (a workflow the study did not run keeps the run's)."""
+    if lengths == "study":
+        return STUDY_EVAL_PROMPT_TOKENS.get(task_kind, {}).get(cfg.topology, cfg.data.max_prompt_length)
+    return cfg.data.max_prompt_length
 
 
 def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: Optional[int], task_name: Optional[str] = None,
@@ -191,7 +206,7 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: Optional[
         cfg.algo.temperature = temperature
     task, eval_set = evaluation_problems(cfg, split, task_name, data_path)
     eval_set = eval_set[:problems]
-    apply_budget(cfg, evaluation_budget(cfg, task.kind, lengths))
+    apply_budget(cfg, evaluation_budget(cfg, task.kind, lengths), evaluation_prompt_cap(cfg, task.kind, lengths))
     roles = build_workflow(cfg, task).role_instances()
     source, sources = run, []
     if mode == "single_agent_transfer":
@@ -210,7 +225,7 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: Optional[
     phases = trajectory_phases([name for name, _, _ in sources])
     if resume:  # a checkpoint already scored the same way keeps its row
         done = scored(run, mode, split, k, samples, task=cfg.task, problems=len(eval_set),
-                      max_new_tokens=cfg.workflow.max_new_tokens)
+                      max_new_tokens=cfg.workflow.max_new_tokens, max_prompt_length=cfg.data.max_prompt_length)
         sources = [s for s in sources if s[0] not in done]
     rows = []
     with tempfile.TemporaryDirectory(prefix="marl-eval-") as work:
@@ -220,7 +235,7 @@ def evaluate_run(run: Path, mode: str, k: int, samples: int, problems: Optional[
                 row = {"mode": mode, "checkpoint": name, "source_run": source.name, "task": cfg.task,
                        "split": split, "k": k,
                        "samples": samples, "problems": len(eval_set), "temperature": cfg.algo.temperature,
-                       "max_new_tokens": cfg.workflow.max_new_tokens}
+                       "max_new_tokens": cfg.workflow.max_new_tokens, "max_prompt_length": cfg.data.max_prompt_length}
                 if directory is not None:
                     row["step"] = _trained_steps(directory)
                 if problem is not None:
@@ -268,13 +283,15 @@ def write_trajectories(run: Path, name: str, step: Optional[int], episodes) -> P
 
 
 def scored(run: Path, mode: str, split: str, k: int, samples: int, task: Optional[str] = None,
-           problems: Optional[int] = None, max_new_tokens: Optional[int] = None) -> set:
-    """The checkpoints of `run` with an ok row scored this way (and on this task, number of problems
-    and budget, where given): what `--resume` skips."""
+           problems: Optional[int] = None, max_new_tokens: Optional[int] = None,
+           max_prompt_length: Optional[int] = None) -> set:
+    """The checkpoints of `run` with an ok row scored this way (and on this task, number of problems,
+    budget and prompt cap, where given; rows from before caps were recorded had none): what `--resume` skips."""
     return {r["checkpoint"] for r in _stored(run) if r.get("status") == "ok"
             and (r.get("mode"), r.get("split", "validation"), r.get("k"), r.get("samples")) == (mode, split, k, samples)
             and task in (None, r.get("task")) and problems in (None, r.get("problems"))
-            and max_new_tokens in (None, r.get("max_new_tokens"))}
+            and max_new_tokens in (None, r.get("max_new_tokens"))
+            and (max_prompt_length is None or r.get("max_prompt_length") == max_prompt_length)}
 
 
 def _trained_steps(directory: Path) -> Optional[int]:
@@ -289,7 +306,7 @@ def _trained_steps(directory: Path) -> Optional[int]:
 def _key(row: dict) -> tuple:
     """What a result row is of: a row of the same key replaces it (rows before splits were validation)."""
     return (row.get("mode"), row.get("checkpoint"), row.get("task"), row.get("split", "validation"), row.get("k"),
-            row.get("max_new_tokens"))
+            row.get("max_new_tokens"), row.get("max_prompt_length"))
 
 
 def _stored(run: Path) -> List[dict]:

@@ -64,7 +64,7 @@ def checked_options(raw) -> dict:
 
 def unscored(run: Path, options: dict) -> List[str]:
     """The run's checkpoints without a scored row of these options (what a job would evaluate)."""
-    from analysis.evaluate import checkpoints_of, evaluation_budget, scored
+    from analysis.evaluate import checkpoints_of, evaluation_budget, evaluation_prompt_cap, scored
     from harness.run_dir import stored_cell_config
     from harness.tasks import CODE_TASKS, QA_TASKS
 
@@ -75,7 +75,8 @@ def unscored(run: Path, options: dict) -> List[str]:
     except ValueError as exc:
         raise GridError(f"{run.name}: {exc}") from None
     names = ["base"] if options["mode"] == "base" else [name for name, _, _ in checkpoints_of(run)]
-    done = scored(run, options["mode"], options["split"], options["k"], options["samples"], max_new_tokens=budget)
+    done = scored(run, options["mode"], options["split"], options["k"], options["samples"], max_new_tokens=budget,
+                  max_prompt_length=evaluation_prompt_cap(cfg, kind, options["lengths"]))
     return [name for name in names if name not in done]
 
 

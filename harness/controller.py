@@ -96,7 +96,8 @@ class Controller:
             try:
                 episode = await self.workflow.episode(problem, agents)  # a graph ends a capped episode itself
             except PromptTooLong:  # a Python workflow that did not: its turns so far, no answer
-                episode = Episode(problem, agents.turns, "", self.task.grade(problem, ""), stats={"prompt_capped": 1.0})
+                episode = Episode(problem, list(agents.turns), "", self.task.grade(problem, ""),  # siblings may go on
+                                  stats={"prompt_capped": 1.0})
             if agents.max_prompt_tokens is not None:
                 episode.stats.setdefault("prompt_capped", 0.0)
             episode.group = group

@@ -64,7 +64,8 @@ class Sampling:
 
 class PromptTooLong(Exception):
     """A role's prompt is over the cell's prompt cap: the episode ends there, as upstream's engine ends it
-    (TerminationReason.MAX_PROMPT_LENGTH_EXCEEDED), its earlier turns kept with their own rewards."""
+    (TerminationReason.MAX_PROMPT_LENGTH_EXCEEDED), its earlier turns kept, each paid its own correctness
+    (harness/rewards.py)."""
 
 
 GenerateFn = Callable[[str, List[str], Sampling], List[Generation]]

@@ -91,11 +91,16 @@ def assign_rewards(episode: Episode, cfg: RewardConfig, adv_estimator: str = "gr
                              f"{len(episode.turns)} turns")
     else:
         outcome = episode_outcome(episode, cfg.outcome_metric)
+        # an episode ended by the prompt cap has no outcome to share: each turn's trajectory term is its own
+        # correctness, as upstream's committed trajectories keep their own rewards (the final outcome is
+        # propagated to them only when the workflow completes: evaluator_optimizer_workflow.py:436-442)
+        capped = bool(episode.stats.get("prompt_capped"))
         rewards = []
         for turn, share in zip(episode.turns, outcome_shares(episode, resolved_share_mode(cfg.outcome_share_mode, adv_estimator))):
             w = weights_for(cfg, turn.role)
             node = outcome if turn.role_correct is None else float(turn.role_correct)
-            rewards.append(w["node"] * node + w["turn"] * float(not turn.malformed) + w["traj"] * outcome * share
+            traj = float(bool(turn.role_correct)) if capped else outcome * share
+            rewards.append(w["node"] * node + w["turn"] * float(not turn.malformed) + w["traj"] * traj
                            + w["length"] * len(turn.response_ids)
                            - w["length_hold"] * abs(len(turn.response_ids) - w["length_target"]))
     for turn, reward in zip(episode.turns, rewards):

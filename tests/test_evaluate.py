@@ -202,9 +202,20 @@ def test_study_lengths_score_every_problem_at_the_studys_budgets_apart_from_the_
 def test_the_studys_evaluation_budgets_are_upstreams():
     """dashboard/task_configs.py:35-42 (math) and 100-107 (code): every workflow's evaluation response
     length, the default of dashboard/evaluate_checkpoints.py (l.1245-1257, without --use-training-lengths)."""
-    from analysis.evaluate import STUDY_EVAL_NEW_TOKENS, options_problem
+    from analysis.evaluate import (STUDY_EVAL_NEW_TOKENS, STUDY_EVAL_PROMPT_TOKENS, apply_budget, evaluation_prompt_cap,
+                                   options_problem)
+    from harness.config import CellConfig
 
     assert STUDY_EVAL_NEW_TOKENS == {"math": 8192, "code": 5120}
+    assert STUDY_EVAL_PROMPT_TOKENS == {  # (prompt, response) pairs of the same lines: the prompt caps
+        "math": {"eval_opt": 30720, "voting": 25600, "orch_workers": 25600, "single": 15360},
+        "code": {"eval_opt": 15360, "voting": 20480, "orch_workers": 20480, "single": 4096}}
+    cfg = CellConfig(topology="voting")  # a code voting cell trained at the study's lengths, scored at its evaluation's
+    cfg.workflow.max_new_tokens, cfg.data.max_prompt_length, cfg.verl.rollout_max_model_len = 2048, 10240, 12288
+    apply_budget(cfg, 5120, evaluation_prompt_cap(cfg, "code", "study"))
+    assert (cfg.workflow.max_new_tokens, cfg.data.max_prompt_length) == (5120, 20480)
+    assert cfg.verl.rollout_max_model_len == 20480 + 5120
+    assert evaluation_prompt_cap(cfg, "code", "run") == 20480  # the run's own (here as just set)
     assert "valid choices: run, study" in options_problem("trained", "held_out", 1, 1, None, lengths="long")
     assert options_problem("trained", "held_out", 1, 1, None, lengths="study") is None
     proc = subprocess.run(EVALUATE + ["/nonexistent", "--problems", "most"], capture_output=True, text=True)

@@ -38,14 +38,17 @@ def test_a_prompt_over_the_cap_is_encoded_but_never_sampled(warm_model_dir):
     assert sorted(asked) == [(1, 1), (1, 2)]
 
 
-def _voting_episode(task, cap_prefix: str):
-    """A scripted voting episode whose prompts starting with `cap_prefix` are over the cap."""
+def _voting_episode(task, cap_prefix: str, capped_voter: int = -1):
+    """A scripted voting episode whose prompts starting with `cap_prefix` are over the cap (or only the
+    voter `capped_voter` of the fan-out's batch)."""
     problem = task.problems("val")[0]
 
     def generate(policy, prompts, sampling):
         assert sampling.max_prompt_tokens == 8
-        return [Generation([1] * 9, [], "", False, over_prompt_cap=True) if p.startswith(cap_prefix)
-                else Generation([1], [2], problem.answer if p.startswith("vote:") else "0", False) for p in prompts]
+        capped = [p.startswith(cap_prefix) or i == capped_voter for i, p in enumerate(prompts)]
+        return [Generation([1] * 9, [], "", False, over_prompt_cap=True) if over
+                else Generation([1], [2], problem.answer if p.startswith("vote:") else "0", False)
+                for over, p in zip(capped, prompts)]
 
     workflow = GraphWorkflow(task, task_free_cfg(), load_graph(GRAPH_DIR / "voting.yaml"))
     scheduler = Scheduler(generate)
@@ -71,12 +74,26 @@ def arith():
     return build_task(CellConfig())
 
 
-def test_a_capped_aggregator_ends_the_episode_with_its_voters_kept_and_no_answer(arith):
+def test_a_capped_aggregator_ends_the_episode_with_its_voters_kept_and_paid_their_own_rewards(arith):
+    """Upstream ends the episode before the final outcome is propagated to every trajectory: the voters
+    keep their own correctness as their reward, where a finished episode pays every turn its outcome."""
+    from harness.config import RewardConfig
+    from harness.rewards import assign_rewards
+
     problem, episode = _voting_episode(arith, "pick:")
     assert [t.role for t in episode.turns] == ["voter"] * 3 and all(t.role_correct for t in episode.turns)
     assert episode.stats["prompt_capped"] == 1.0 and not episode.grade.correct  # no pick: no answer
+    assign_rewards(episode, RewardConfig())  # the study's: the outcome on every turn (traj 1)
+    assert [t.reward for t in episode.turns] == [1.0, 1.0, 1.0]
     _, whole = _voting_episode(arith, "never")
     assert whole.stats["prompt_capped"] == 0.0 and [t.role for t in whole.turns][-1] == "aggregator"
+    assign_rewards(whole, RewardConfig())
+    assert {t.reward for t in whole.turns} == {float(whole.grade.correct)}
+
+
+def test_one_capped_call_of_a_fan_out_drops_the_whole_fan_out(arith):
+    _, episode = _voting_episode(arith, "never", capped_voter=1)
+    assert episode.turns == [] and episode.stats["prompt_capped"] == 1.0
 
 
 def test_eval_opt_under_a_cap_between_its_first_and_its_revision_prompts_never_revises(tmp_path):

@@ -430,10 +430,12 @@ class GraphWorkflow(Workflow):
         while node is not None:
             spec = self.spec.nodes[node]
             runs[node] = runs.get(node, 0) + 1
+            kept = len(agents.turns)
             try:
                 result = await self._run(spec, problem, agents, state)
-            except PromptTooLong:  # the episode ends here; the answer is the final node's so far, if any
-                capped = True
+            except PromptTooLong:  # the episode ends here; the answer is the final node's so far, if any,
+                del agents.turns[kept:]  # and the node's other calls (a fan-out's) are dropped, as upstream
+                capped = True            # commits a gather's trajectories only once all of it returned
                 break
             state[spec.writes or spec.id] = result
             if spec.writes:
@@ -529,7 +531,9 @@ class GraphWorkflow(Workflow):
         else:
             items = [None] * self._count(spec.fan_out)
         turns = await gather(*(agents.ask(spec.role, i, spec.prompt, **self._fields(spec, problem, state, item))
-                               for i, item in enumerate(items)))
+                               for i, item in enumerate(items)), return_exceptions=True)
+        for error in (t for t in turns if isinstance(t, BaseException)):  # once every call has returned
+            raise error
         for turn, item in zip(turns, items):
             if spec.grade == "item":
                 self.mark_worker(turn, problem, item)

@@ -45,6 +45,12 @@ def dry_run_cells(stdout: str) -> list[str]:
     return [row for row in stdout.strip().splitlines()[1:] if re.match(r"\S+-s\d+\s", row)]
 
 
+def still_open(reason: str) -> tuple:
+    """A learning case whose margin is not reached yet: an expected failure (by its assertion, so a crash
+    still fails), measured by `make open-problems` and left out of `make test` (each costs minutes)."""
+    return pytest.mark.open_problem, pytest.mark.xfail(reason=reason, strict=False, raises=AssertionError)
+
+
 def python_cmd() -> list[str]:
     return [sys.executable, "-m", "harness.run"]
 

@@ -36,6 +36,15 @@ def binomial_two_sided(k: int, n: int) -> float:
     return float(binomtest(k, n, 0.5).pvalue)
 
 
+def least_discordant(alpha: float = ALPHA) -> int:
+    """The fewest discordant pairs, all one way, whose exact two-sided sign test reaches p < alpha:
+    a paired comparison of fewer pairs cannot be shown whatever happens in them (6 at 0.05)."""
+    pairs = 1
+    while binomial_two_sided(0, pairs) >= alpha:
+        pairs += 1
+    return pairs
+
+
 @dataclass(frozen=True)
 class FailureComparison:
     """An arm against its reference on the same cells: failures of each, the discordant cells (only

@@ -377,7 +377,7 @@ def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int
 
     from grid.submit import read_status
     from harness.config import ConfigError
-    from harness.diagnose import describe, diagnosis_sweep, plan, seed, write_verdict
+    from harness.diagnose import describe, diagnosis_sweep, plan, power, seed, write_verdict
     from harness.mechanisms import mechanism_named
 
     for sharing in {c.axes.get("sharing") for c in cells if not c.is_baseline}:
@@ -418,6 +418,7 @@ def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int
         return 0
     total = sum(a.cost for _, _, arms in planned for a in arms)
     out(f"{len(planned)} failed cells, {sum(len(arms) for _, _, arms in planned)} arms, {total} cell-steps")
+    out(power(int(cfg.diagnose.resamples)))
     if cfg.dry_run:
         out("dry run: nothing written")
         return 0

@@ -26,7 +26,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from harness.config import CellConfig, ConfigError
 from harness.intervene import Branch, arm_config, find_branch, first_alert, seed_arm
@@ -187,6 +187,25 @@ def describe(arms: Sequence[DiagnosisArm]) -> str:
     return "\n".join(lines)
 
 
+def power(resamples: int) -> str:
+    """What the plan can show before it runs: an arm is told apart from `none` (or from slowing down)
+    only when enough paired resamples differ, all its way; a plan with fewer resamples cannot name a
+    mechanism whatever its arms do."""
+    from analysis.paired import ALPHA, least_discordant
+
+    needed, test = least_discordant(), f"exact sign test, p < {ALPHA}"
+    if resamples < needed:
+        return (f"power: with {resamples} resamples no arm can be told apart from none or from slowing down: the exact "
+                f"sign test needs {needed} paired resamples that differ, all one way, for p < {ALPHA} "
+                f"(--resamples {needed} or more)")
+    if resamples == needed:
+        return (f"power: an arm is told apart from none or from slowing down only when all {needed} paired resamples "
+                f"differ its way ({test}): a mechanism is named only where none and slowing down fail on every "
+                "stream and its arm on none")
+    return (f"power: an arm is told apart from none or from slowing down only when at least {needed} of its "
+            f"{resamples} paired resamples differ, all its way ({test})")
+
+
 def write_verdict(run: Path, failure: Optional[dict] = None) -> Path:
     """diagnosis.json in the run directory from the arms that ran (analysis/diagnosis.py); `failure`:
     the one diagnosed, where it is not the run's first label (--failure-step)."""
@@ -222,6 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(describe(arms))
+    print(power(args.resamples))
     if args.dry_run:
         return 0
     seed(arms)

@@ -30,6 +30,7 @@ def test_resampled_none_arms_and_an_unshared_arm_branch_from_one_state(parent):
     dry = subprocess.run(DIAGNOSE + args + ["--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0, dry.stderr
     assert "4 arms, 16 cell-steps" in dry.stdout
+    assert "power: with 2 resamples no arm can be told apart from none or from slowing down" in dry.stdout
     assert not (parent.parent.parent / "default-diagnosis").exists()  # a dry run writes nothing
 
     proc = subprocess.run(DIAGNOSE + args, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -110,7 +111,7 @@ def test_resampled_none_arms_and_an_unshared_arm_branch_from_one_state(parent):
     rows = study_named("planted", studies).outcomes()
     assert [(r["split"], r["cell"], r["planted"]) for r in rows if r["split"] == "base"] == [("base", CELL, "amplification")]
     blocks = render(study, rows)
-    assert re.search(rf"\| amplification\s+\|.*", blocks["confusion"])
+    assert re.search(r"\| amplification\s+\|.*", blocks["confusion"])
     assert blocks["confusion"].endswith(f"{int(named == 'amplification')} of 1 diagnosed failures with a planted registry "
                                         f"cause named it; 0 of 0 with the cause outside the registry were given a "
                                         f"mechanism (aim: all and none).")

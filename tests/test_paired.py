@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from analysis.paired import binomial_two_sided, compare_failures, compare_values, worded
+from analysis.paired import binomial_two_sided, compare_failures, compare_values, least_discordant, worded
 
 
 def test_mcnemar_exact_on_the_discordant_pairs_alone():
@@ -15,6 +15,12 @@ def test_mcnemar_exact_on_the_discordant_pairs_alone():
     assert got.p == pytest.approx(0.125)
     assert got.difference == pytest.approx(-4 / 9) and -1 <= got.low < got.difference < got.high <= 1
     assert compare_failures([], []).cells == 0 and math.isnan(compare_failures([], []).p)
+
+
+def test_the_fewest_pairs_a_paired_test_can_show_a_difference_on():
+    """All pairs one way: 5 give p = 0.0625, 6 give 0.031 (at 0.05); at 0.01 it takes 8 (0.0078 against 0.0156)."""
+    assert least_discordant() == 6 and binomial_two_sided(0, 5) > 0.05 > binomial_two_sided(0, 6)
+    assert least_discordant(0.01) == 8 and binomial_two_sided(0, 7) > 0.01 > binomial_two_sided(0, 8)
 
 
 def test_the_sign_test_counts_higher_and_lower_cells():

@@ -45,10 +45,13 @@ def dry_run_cells(stdout: str) -> list[str]:
     return [row for row in stdout.strip().splitlines()[1:] if re.match(r"\S+-s\d+\s", row)]
 
 
-def still_open(reason: str) -> tuple:
-    """A learning case whose margin is not reached yet: an expected failure (by its assertion, so a crash
-    still fails), measured by `make open-problems` and left out of `make test` (each costs minutes)."""
-    return pytest.mark.open_problem, pytest.mark.xfail(reason=reason, strict=False, raises=AssertionError)
+def long_case(still_open: str | None = None) -> tuple:
+    """A learning case that takes minutes: `make test-long` runs it, `make test` does not. `still_open`
+    says why its margin is not reached yet: then it is an expected failure by its assertion (a crash
+    still fails)."""
+    marks = (pytest.mark.long,)
+    return marks if still_open is None else (*marks, pytest.mark.xfail(reason=still_open, strict=False,
+                                                                         raises=AssertionError))
 
 
 def python_cmd() -> list[str]:

@@ -8,7 +8,7 @@ from scipy import stats
 
 from harness.run_dir import read_jsonl
 from harness.run import run_cell, run_dir_of
-from tests.conftest import cell, still_open
+from tests.conftest import cell, long_case
 
 MARGIN = 0.05  # sampled reward, mean of the last 20 steps over the first 20
 
@@ -21,7 +21,7 @@ GAE = ("algo.adv_estimator=gae", "algo.lr=2e-3")  # PPO with a critic per policy
 # single 0.250 -> 0.277, voting 0.216 -> 0.261, single with GAE 0.252 -> 0.258; greedy validation 0.38 -> 0.39
 # over 150 steps; lr 3e-3 or four mini-batches a step did not help). Other builds of the same warm model did
 # (0.36 -> 0.46): learning on arith at this scale depends on the build (docs/models.md).
-ARITH_OPEN = still_open("the warm tiny-m does not learn arith in 100 steps on the pinned build (docs/models.md)")
+ARITH_OPEN = long_case("the warm tiny-m does not learn arith in 100 steps on the pinned build (docs/models.md)")
 
 
 @pytest.mark.parametrize("topology,sharing,task,extra", [

@@ -53,7 +53,9 @@ def test_a_workflow_learns_its_task(tmp_path, topology, task, metric, extra, ste
     rows = read_jsonl(run_dir_of(cfg).file("metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(steps))
     first, last = mean(r[metric] for r in rows[:WINDOW]), mean(r[metric] for r in rows[-WINDOW:])
-    validation = [round(r[f"val/{metric}"], 3) for r in rows if f"val/{metric}" in r]
+    validated = [r for r in rows if f"val/{metric}" in r]  # at the start, every STEPS steps and at the end
+    assert [r["step"] for r in validated] == sorted({*range(0, steps, STEPS), steps - 1})
+    validation = [round(r[f"val/{metric}"], 3) for r in validated]
     loops = {k: (round(rows[0][k], 2), round(rows[-1][k], 2)) for k in ("episode/rounds", "episode/searches") if k in rows[0]}
     print(f"{topology} on {task}: {metric} first {WINDOW} steps {first:.3f}, last {WINDOW} {last:.3f}; "
           f"validation every {STEPS} steps {validation} {loops}")

@@ -289,8 +289,8 @@ def arm_cell(parent, arm_cfg):
 
     from grid.expand import Cell
 
-    return Cell(arm_cfg.cell_id, dict(parent.axes), OmegaConf.to_container(OmegaConf.structured(arm_cfg)),
-                parent.resources)
+    overrides = OmegaConf.to_container(OmegaConf.structured(arm_cfg), enum_to_str=True)
+    return Cell(arm_cfg.cell_id, dict(parent.axes), overrides, parent.resources)
 
 
 def intervene(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int:

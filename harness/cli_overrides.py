@@ -28,18 +28,10 @@ def print_config_request(argv: Sequence[str]) -> Optional[List[str]]:
     """The overrides when argv asks for the resolved config (`--cfg job`, `--cfg=job`, also with
     `--resolve`), else None."""
     args = list(argv)
-    wanted = False
-    for form in (["--cfg", "job"], ["-c", "job"]):
-        for i in range(len(args) - 1):
-            if args[i:i + 2] == form:
-                del args[i:i + 2]
-                wanted = True
-                break
-    if "--cfg=job" in args:
-        args.remove("--cfg=job")
-        wanted = True
-    if not wanted:
+    at = next((i for i, a in enumerate(args) if a == "--cfg=job" or args[i:i + 2] in (["--cfg", "job"], ["-c", "job"])), None)
+    if at is None:
         return None
+    del args[at:at + (1 if args[at] == "--cfg=job" else 2)]
     return [a for a in args if a != "--resolve"]
 
 

@@ -4,34 +4,38 @@ Every knob is a field here, so every knob is overridable from the command line
 (`python -m harness.run algo.lr=5e-4 workflow.n_votes=5`). Plain data: this module imports
 nothing else of the harness, and Hydra and OmegaConf only where a config is registered or loaded
 (the local engine imports it on machines without them), so every module may import it. Each field
-declares its choices or range beside it (`choice`, `ranged`; `check_fields` checks them all); the
-rules between sections and against the models, tasks and workflows are `harness/validation.py`'s.
+declares its choices (a fixed set as the field's StrEnum type) or range beside it (`choice`, `ranged`;
+`check_fields` checks them all); the rules between sections are `harness/validation.py`'s.
 """
 from __future__ import annotations
 
 import math
 from importlib import import_module
 from dataclasses import dataclass, field, fields, is_dataclass
+from enum import EnumMeta, StrEnum
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 TOPOLOGIES = ("single", "eval_opt", "voting", "orch_workers")
 # UnityMAS-O's workflows A-D, shipped as graphs (harness/workflows/graphs/<name>.yaml)
 GRAPH_TOPOLOGIES = ("qd_retrieve_answer", "qd_retrieve_evidence_answer", "mask_search", "reflective_code")
-SHARING_MODES = ("sp", "ip", "ip_instance", "custom", "partial", "paper")
+# A choice field's type: a StrEnum whose names are its values (OmegaConf converts a given string by
+# name), so a value compares, hashes, formats and serialises as its string
+SharingMode = StrEnum("SharingMode", "sp ip ip_instance custom partial paper")
 # modes whose groups a workflow graph declares under a key of the mode's name: partial (the graph's own
 # partial sharing) and paper (UnityMAS-O's paper's mapping of the workflow's agents onto models)
 GRAPH_SHARING_MODES = ("partial", "paper")
-ENGINES = ("local", "verl")
-VERL_PLACEMENTS, VERL_DEVICES = ("colocate", "split", "per_node"), ("auto", "cpu", "cuda")
-LOCAL_DEVICES, LOCAL_DTYPES, LOCAL_ROLLOUTS = ("auto", "cpu", "cuda"), ("fp32", "bf16"), ("hf", "vllm")
-VERL_RAY_UP, VERL_ROLLOUTS = ("auto", "always", "never"), ("auto", "hf", "vllm")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "role-balanced")
-LR_SCHEDULES, CLIP_SCOPES = ("constant", "cosine"), ("policy", "cell")
-ADV_GROUPINGS, ADV_NORMS = ("trajectory", "episode", "turn"), ("group", "agent")
-OUTCOME_SHARE_MODES, OUTCOME_METRICS = ("auto", "full", "last", "split"), ("auto", "exact", "f1")
-ADV_ESTIMATORS = ("grpo", "gae")
-ADV_WHITENINGS, GAE_SCOPES = ("policy", "cell"), ("graph", "turn")
-MODEL_TRAINING = ("lora", "full")
+Engine = StrEnum("Engine", "local verl")
+VerlPlacement, VerlDevice = StrEnum("VerlPlacement", "colocate split per_node"), StrEnum("VerlDevice", "auto cpu cuda")
+LocalDevice, LocalDtype = StrEnum("LocalDevice", "auto cpu cuda"), StrEnum("LocalDtype", "fp32 bf16")
+LocalRollout, VerlRayUp = StrEnum("LocalRollout", "hf vllm"), StrEnum("VerlRayUp", "auto always never")
+VerlRollout, Chat = StrEnum("VerlRollout", "auto hf vllm"), StrEnum("Chat", "auto template study")
+LossAgg = StrEnum("LossAgg", "token-mean seq-mean-token-mean role-balanced")
+LrSchedule, ClipScope = StrEnum("LrSchedule", "constant cosine"), StrEnum("ClipScope", "policy cell")
+AdvGrouping, AdvNorm = StrEnum("AdvGrouping", "trajectory episode turn"), StrEnum("AdvNorm", "group agent")
+OutcomeShareMode = StrEnum("OutcomeShareMode", "auto full last split")
+OutcomeMetric, AdvEstimator = StrEnum("OutcomeMetric", "auto exact f1"), StrEnum("AdvEstimator", "grpo gae")
+AdvWhitening, GaeScope = StrEnum("AdvWhitening", "policy cell"), StrEnum("GaeScope", "graph turn")
+ModelTraining, DataSplit = StrEnum("ModelTraining", "lora full"), StrEnum("DataSplit", "harness hf")
 
 
 def _registry(module: str, name: str, order: Callable = list) -> Callable[[], List[str]]:
@@ -51,15 +55,22 @@ RANGES: Dict[str, tuple] = {
 }
 
 
-def choice(default: Optional[str], options: Union[Sequence[str], Callable[[], Sequence[str]]], what: str) -> Any:
-    """A field that takes one of `options` (a callable where another module's registry lists them,
-    read when checked); check_fields rejects anything else in one message that names them."""
-    return field(default=default, metadata={"choices": options, "what": what})
+def choice(default: Optional[str], options: Union[EnumMeta, Callable[[], Sequence[str]]], what: str) -> Any:
+    """A field that takes one of `options`: its StrEnum type (the default stored as its member), or a
+    callable where another module's registry lists them, read when checked; check_fields rejects
+    anything else in one message that names them."""
+    stored = options[default] if isinstance(options, EnumMeta) and default is not None else default
+    return field(default=stored, metadata={"choices": options, "what": what})
 
 
 def ranged(default: Any, rule: str) -> Any:
     """A number field with its valid range, one of RANGES; None passes where the field is optional."""
     return field(default=default, metadata={"range": rule})
+
+
+def unknown_choice(what: str, value: Any, options: Sequence[str]) -> ConfigError:
+    """The one message for a value outside its choices, naming them."""
+    return ConfigError(f"unknown {what} '{value}'; valid choices: {', '.join(options)}")
 
 
 def check_fields(section: Any, where: str = "") -> None:
@@ -75,11 +86,9 @@ def check_fields(section: Any, where: str = "") -> None:
         if value is None:
             continue
         options = spec.metadata.get("choices")
-        if options is not None:
-            options = list(options() if callable(options) else options)
-            if value not in options:
-                what = spec.metadata["what"] + (f" ({key})" if "." in key else "")
-                raise ConfigError(f"unknown {what} '{value}'; valid choices: {', '.join(options)}")
+        options = None if options is None else list(options if isinstance(options, EnumMeta) else options())
+        if options is not None and value not in options:
+            raise unknown_choice(spec.metadata["what"] + (f" ({key})" if "." in key else ""), value, options)
         rule = spec.metadata.get("range")
         if rule is not None:
             test, wording = RANGES[rule]
@@ -118,7 +127,7 @@ class WorkflowConfig:
     # (the study's code: the first boxed verdict or index, else the first digit 1-9) or tolerant (the last
     # well-formed statement anywhere, for models that restate their choice; harness/workflows/contracts.py)
     parse: str = choice("study", _registry("harness.workflows.contracts", "PARSES"), "contract parse")
-    chat: str = choice("auto", ("auto", "template", "study"), "chat")  # auto: the set's or graph's (harness/chat.py)
+    chat: Chat = choice("auto", Chat, "chat")  # auto: the set's or graph's (harness/chat.py)
 
 
 @dataclass
@@ -152,7 +161,7 @@ class ModelInstanceConfig:
 
     scale: str = choice("tiny-m", _registry("harness.models", "SCALES"), "scale")
     path: Optional[str] = None  # a checkpoint dir for qwen3-* scales
-    train: str = choice("lora", MODEL_TRAINING, "training mode")  # lora: an adapter on the base | full: every base parameter
+    train: ModelTraining = choice("lora", ModelTraining, "training mode")  # lora: an adapter on the base | full: every base parameter
     lr: Optional[float] = ranged(None, ">0")  # its AdamW's learning rate; default: algo.lr
     weight_decay: Optional[float] = ranged(None, ">=0")  # its AdamW's weight decay; default: algo.weight_decay
     roles: List[str] = field(default_factory=list)
@@ -175,23 +184,23 @@ class AlgoConfig:
     balance_dp: int = 1
     lr: float = ranged(1e-3, ">0")
     lr_factor: float = ranged(1.0, ">0")  # every step's lr times this (the lr_half mitigation sets 0.5: a smaller update, any direction)
-    lr_schedule: str = choice("constant", LR_SCHEDULES, "learning-rate schedule")  # (verl's schedulers), stepped once per training step
+    lr_schedule: LrSchedule = choice("constant", LrSchedule, "learning-rate schedule")  # (verl's schedulers), stepped once per training step
     lr_warmup_steps: int = ranged(0, ">=0")  # linear warm-up from 0 over this many training steps
     weight_decay: float = ranged(0.0, ">=0")  # AdamW's (decoupled); verl's actor default and the study's: 0.01
     adam_betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # verl's default
     adam_eps: float = ranged(1e-8, ">0")  # torch's AdamW default, which verl keeps
     max_grad_norm: float = ranged(1.0, ">0")
-    clip_scope: str = choice("policy", CLIP_SCOPES, "gradient clipping scope")  # policy: each policy clips its own norm (verl); cell: one norm over all policies
+    clip_scope: ClipScope = choice("policy", ClipScope, "gradient clipping scope")  # policy: each policy clips its own norm (verl); cell: one norm over all policies
     clip_ratio: float = ranged(0.2, ">0")
     clip_ratio_low: Optional[float] = ranged(None, ">0")  # default: clip_ratio
     clip_ratio_high: Optional[float] = ranged(None, ">0")  # default: clip_ratio (the study: 0.28)
     clip_ratio_c: Optional[float] = ranged(3.0, ">1")  # dual clip for negative advantages (verl's default); null: off
-    loss_agg: str = choice("token-mean", LOSS_AGG_MODES, "loss aggregation")
+    loss_agg: LossAgg = choice("token-mean", LossAgg, "loss aggregation")
     # trajectory (the study's): a group is (problem, role or voter instance), each call scored alone;
     # episode: a role's turns share its episode's advantage; turn: per input (algo/grpo.py)
-    adv_grouping: str = choice("trajectory", ADV_GROUPINGS, "advantage grouping")
+    adv_grouping: AdvGrouping = choice("trajectory", AdvGrouping, "advantage grouping")
     norm_adv_by_std: bool = True
-    adv_norm: str = choice("group", ADV_NORMS, "advantage normalisation")  # group: GRPO's std over the group; agent: the role's std over the batch (Dr. MAS)
+    adv_norm: AdvNorm = choice("group", AdvNorm, "advantage normalisation")  # group: GRPO's std over the group; agent: the role's std over the batch (Dr. MAS)
     role_count_scaling: bool = False  # n same-type instances on a policy: mini-batches n x as large
     coherence_reg: float = ranged(0.0, ">=0")  # λ > 0: each step's lr / (1 + λ(coherence - 1)) of same-type instances (algo/coherence.py)
     # the study's I6 (algo/coherence_damping.py): policy -> λ; its gradient x (1 - λ clamp(cos(g, EMA g), 0, 1)) at each
@@ -206,14 +215,14 @@ class AlgoConfig:
     frozen_policies: List[str] = field(default_factory=list)  # policies that sample but never step (harness.diagnose)
     kl_coef: float = ranged(0.0, ">=0")  # > 0: KL to the base model (adapter disabled)
     kl_coef_per_role: Dict[str, float] = field(default_factory=dict)  # a role's own beta (else kl_coef)
-    adv_estimator: str = choice("grpo", ADV_ESTIMATORS, "advantage estimator")  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)
+    adv_estimator: AdvEstimator = choice("grpo", AdvEstimator, "advantage estimator")  # grpo (group-relative) | gae (PPO with a critic per policy: harness/algo/critic.py)
     gae_gamma: float = ranged(1.0, "[0,1]")  # GAE's discount over an episode's turns (verl's default 1.0)
     gae_lambda: float = ranged(1.0, "[0,1]")  # GAE's lambda (verl's default 1.0)
     # gae: over the graph's stages, a successor the next stage's value (`graph`), or every turn a one-step
     # episode of its policy, as UnityMAS-O's trainer (`turn`); advantages whitened over the cell's turns
     # (`cell`: one verl batch) or within each policy's (`policy`: UnityMAS-O's worker groups; docs/unitymas.md)
-    gae_scope: str = choice("graph", GAE_SCOPES, "GAE scope")
-    adv_whiten: str = choice("cell", ADV_WHITENINGS, "advantage whitening")
+    gae_scope: GaeScope = choice("graph", GaeScope, "GAE scope")
+    adv_whiten: AdvWhitening = choice("cell", AdvWhitening, "advantage whitening")
     critic_lr: float = ranged(1e-3, ">0")  # the value heads' Adam (engine=local: a linear head on the policy's features)
     verl_critic_lr: float = ranged(1e-4, ">0")  # engine=verl: verl's critic, the whole base model with a value head
     critic_steps: int = ranged(4, ">=1")  # value-loss steps per training step
@@ -242,10 +251,10 @@ class RewardConfig:
     gamma: float = ranged(1.0, "(0,1]")  # UnityMAS-O's discount: the turn at workflow step t (its graph stage, 1-based) counts gamma^(t-1)
     # full: the outcome on every turn; last: on the last stage's turns; split: divided among the roles, then
     # their turns; auto (resolved when the config is read): last under GAE (no reward for longer loops), full under GRPO
-    outcome_share_mode: str = choice("auto", OUTCOME_SHARE_MODES, "outcome share mode")
+    outcome_share_mode: OutcomeShareMode = choice("auto", OutcomeShareMode, "outcome share mode")
     # the outcome r_traj: exact (1 when the task grades the answer correct: EM, all tests passed) or f1 (QA's
     # token F1, partial credit, UnityMAS-O's metric); auto (resolved when the config is read): f1 on QA tasks, else exact
-    outcome_metric: str = choice("auto", OUTCOME_METRICS, "outcome metric")
+    outcome_metric: OutcomeMetric = choice("auto", OutcomeMetric, "outcome metric")
     allocator: Optional[str] = None  # "module:function(episode, cfg) -> per-turn rewards", in place of the terms
 
 
@@ -258,35 +267,30 @@ class ArithConfig:
     n_val: int = 200
 
 
-ACTIONS = ("log", "alert", "stop", "mitigate")
+Action = StrEnum("Action", "log alert stop mitigate")
 MONITORED = ("amplification", "capture", "drift", "collapse", "nonfinite", "learned")  # MonitorConfig's detectors
 
 
-def matched_mitigations() -> Dict[str, str]:
-    """Alert kind -> the mitigation that removes the cause its detector names (harness/mitigations.py):
-    amplification: n instances give their adapter n times the optimizer steps, and role_count_scaling
-    gives it one instance's; capture: a role's tokens weigh its share of a shared loss, and
-    role_balanced weighs roles equally; length drift: a judging role is paid to lengthen, and
-    length_penalty charges its tokens; collapse names no cause, and kl_anchor holds every role near
-    the base; a non-finite step is skipped already."""
-    return {"amplification": "role_count_scaling", "capture": "role_balanced", "length_drift": "length_penalty",
-            "collapse": "kl_anchor", "non_finite": "none"}
-
-
-def control_mitigations() -> Dict[str, str]:
-    """Alert kind -> an intervention's control arm: halving the learning rate changes the size of every
-    update, aimed at no cause (the intervention report measures how much each arm changed the update
-    against `none`). If it saves a cell as often as the matched one, the save says "a smaller step
-    helps", not "the diagnosis was right"."""
-    return {"amplification": "lr_half", "capture": "lr_half", "length_drift": "lr_half", "collapse": "lr_half",
-            "non_finite": "none"}
+# Alert kind -> the mitigation that removes the cause its detector names (harness/mitigations.py):
+# amplification: n instances give their adapter n times the optimizer steps, and role_count_scaling
+# gives it one instance's; capture: a role's tokens weigh its share of a shared loss, and
+# role_balanced weighs roles equally; length drift: a judging role is paid to lengthen, and
+# length_penalty charges its tokens; collapse names no cause, and kl_anchor holds every role near
+# the base; a non-finite step is skipped already.
+MATCHED_MITIGATIONS = {"amplification": "role_count_scaling", "capture": "role_balanced",
+                       "length_drift": "length_penalty", "collapse": "kl_anchor", "non_finite": "none"}
+# Alert kind -> an intervention's control arm: halving the learning rate changes the size of every
+# update, aimed at no cause (the intervention report measures how much each arm changed the update
+# against `none`). If it saves a cell as often as the matched one, the save says "a smaller step
+# helps", not "the diagnosis was right".
+CONTROL_MITIGATIONS = {**{kind: "lr_half" for kind in MATCHED_MITIGATIONS}, "non_finite": "none"}
 
 
 @dataclass
 class AmplificationConfig:
     """A policy trained by several role instances moves faster than one instance moves a policy."""
 
-    action: str = choice("alert", ACTIONS, "action")
+    action: Action = choice("alert", Action, "action")
     min_ratio: float = 1.3  # its drift ‖θ_t − θ_0‖ over the reference's at the same step (EWMA)
     min_coherence: float = 0.5  # EWMA of its instances' ‖Σg_i‖²/Σ‖g_i‖²; below this they cancel out
     # and pulling away: that ratio risen this share above its own early band (the ratio over its first
@@ -303,7 +307,7 @@ class AmplificationConfig:
 class CaptureConfig:
     """A role leaves its contract toward another role's behaviour (SP's role capture)."""
 
-    action: str = choice("alert", ACTIONS, "action")
+    action: Action = choice("alert", Action, "action")
     baseline_steps: int = 10  # early band of every signal
     ewma_alpha: float = 0.2
     length_approach: float = 0.3  # the victim's own length closed this share of its early gap to the other's
@@ -319,7 +323,7 @@ class CaptureConfig:
 class DriftConfig:
     """A judging role (a verdict, an index, a plan, a search action) changes its length: capture's early warning."""
 
-    action: str = choice("alert", ACTIONS, "action")
+    action: Action = choice("alert", Action, "action")
     roles: List[str] = field(default_factory=list)  # [] (default): the judging roles, found by contract
     baseline_steps: int = 10
     ewma_alpha: float = 0.2
@@ -340,7 +344,7 @@ class CollapseConfig:
     (confirmation); and, as the early warning, training accuracy below that fraction of the paired
     single agent's on the same problems, beyond the noise of the paired differences."""
 
-    action: str = choice("alert", ACTIONS, "action")
+    action: Action = choice("alert", Action, "action")
     fraction: float = 0.7  # of the running best (validation); of the paired run's accuracy (training)
     se: float = 2.0  # standard errors of the difference (val/accuracy_se; the paired differences' spread)
     patience: int = 2  # consecutive validations
@@ -350,7 +354,7 @@ class CollapseConfig:
 
 @dataclass
 class NonFiniteConfig:
-    action: str = choice("alert", ACTIONS, "action")  # the step of a non-finite policy is always skipped
+    action: Action = choice("alert", Action, "action")  # the step of a non-finite policy is always skipped
 
 
 @dataclass
@@ -360,16 +364,16 @@ class LearnedConfig:
 
     enabled: bool = False
     model: Optional[str] = None  # its JSON; None: harness/monitors/learned.json (fitted by studies/early-warning)
-    action: str = choice("alert", ACTIONS, "action")
+    action: Action = choice("alert", Action, "action")
 
 
 @dataclass
 class MonitorConfig:
     # every detector's action at once when set (log, alert, stop, mitigate); else each its own `action`
-    action: Optional[str] = choice(None, ACTIONS, "action")
+    action: Optional[Action] = choice(None, Action, "action")
     # mitigate: the running cell switches on its alert's mitigation from the next step (local engine)
-    mitigations: Dict[str, str] = field(default_factory=matched_mitigations)
-    controls: Dict[str, str] = field(default_factory=control_mitigations)  # harness.intervene's `control` arm
+    mitigations: Dict[str, str] = field(default_factory=lambda: dict(MATCHED_MITIGATIONS))
+    controls: Dict[str, str] = field(default_factory=lambda: dict(CONTROL_MITIGATIONS))  # harness.intervene's `control` arm
     debounce: int = 25  # steps before the same alert (kind, role, policy, signal) may fire again
     # no alert before this step (detectors still read every record): an alert before the run has
     # learned anything can only say which setting the cell was trained in. None: the cell's first
@@ -401,20 +405,20 @@ class WandbConfig:
 class LocalConfig:
     """engine=local: where its one process computes and in what precision."""
 
-    device: str = choice("auto", LOCAL_DEVICES, "local engine device")  # auto: cuda when torch sees a GPU, else cpu
-    dtype: str = choice("fp32", LOCAL_DTYPES, "local engine precision")  # the base model's weights; bf16 on a GPU (LoRA adapters stay fp32, peft's default)
-    rollout: str = choice("hf", LOCAL_ROLLOUTS, "local engine rollout")  # hf: generate in-process; vllm: a vLLM server process (make vllm)
+    device: LocalDevice = choice("auto", LocalDevice, "local engine device")  # auto: cuda when torch sees a GPU, else cpu
+    dtype: LocalDtype = choice("fp32", LocalDtype, "local engine precision")  # the base model's weights; bf16 on a GPU (LoRA adapters stay fp32, peft's default)
+    rollout: LocalRollout = choice("hf", LocalRollout, "local engine rollout")  # hf: generate in-process; vllm: a vLLM server process (make vllm)
 
 
 @dataclass
 class VerlConfig:
     """engine=verl: one verl worker group (Ray, FSDP2) per policy; see harness/engines/verl/."""
 
-    device: str = choice("auto", VERL_DEVICES, "verl device")  # auto: cuda when torch sees a GPU, else cpu (the CPU platform plugin)
+    device: VerlDevice = choice("auto", VerlDevice, "verl device")  # auto: cuda when torch sees a GPU, else cpu (the CPU platform plugin)
     gpus_per_policy: int = ranged(1, ">=1")  # FSDP ranks of each policy's worker group
     # colocate: all policies share the cell's GPUs; split: each its own; per_node: each its own, pinned round-robin
     # to the Ray cluster's nodes (one policy per node on a multi-node cell); the run records where (placement.json)
-    placement: str = choice("colocate", VERL_PLACEMENTS, "verl placement")
+    placement: VerlPlacement = choice("colocate", VerlPlacement, "verl placement")
     use_dynamic_bsz: bool = True  # micro-batches by token budget (verl's default) instead of by count
     max_token_len_per_gpu: int = 4096
     gradient_checkpointing: bool = False
@@ -422,8 +426,8 @@ class VerlConfig:
     attn_implementation: str = "flash_attention_2"  # on GPU; sdpa on a CPU
     ray_address: Optional[str] = None  # default: $RAY_ADDRESS (slurm/ray-up.sh), else a private local Ray
     ray_num_cpus: Optional[int] = None  # logical CPUs of a private local Ray
-    ray_up: str = choice("auto", VERL_RAY_UP, "verl Ray bring-up")  # grid on SLURM: auto = slurm/ray-up.sh when a cell spans nodes; always; never
-    rollout: str = choice("auto", VERL_ROLLOUTS, "verl rollout backend")  # verl rollout replica per policy: auto = vllm on a GPU when installed, else hf
+    ray_up: VerlRayUp = choice("auto", VerlRayUp, "verl Ray bring-up")  # grid on SLURM: auto = slurm/ray-up.sh when a cell spans nodes; always; never
+    rollout: VerlRollout = choice("auto", VerlRollout, "verl rollout backend")  # verl rollout replica per policy: auto = vllm on a GPU when installed, else hf
     rollout_tp: int = 1  # vLLM tensor parallel size (the policy's other GPUs serve as data parallel)
     rollout_gpu_memory_utilization: Optional[float] = None  # vLLM's share of a GPU; default 0.5 / colocated policies
     rollout_max_model_len: int = 8192  # vLLM's longest prompt + response
@@ -433,9 +437,6 @@ class VerlConfig:
 class InstrumentConfig:
     kl_to_base: bool = True  # measure per-role KL to the base model (adapter disabled) as a metric
     kl_every: int = ranged(10, ">=0")  # ... every this many steps (a forward with the adapter off); every step if algo.kl_coef > 0
-
-
-DATA_SPLITS = ("harness", "hf")
 
 
 @dataclass
@@ -452,7 +453,7 @@ class DataConfig:
     # harness: `val_size` problems held out, seeded by `seed` (at most a quarter); hf: Hugging Face
     # datasets' train_test_split(test_size, seed=split_seed), the study's (DAPO-Math: 0.1, 42;
     # DeepCoder: shuffle(42) then the first 1000 as its test set, the same permutation)
-    split: str = choice("harness", DATA_SPLITS, "data split")
+    split: DataSplit = choice("harness", DataSplit, "data split")
     test_size: float = 0.1  # hf: a fraction (< 1) or a number of problems (>= 1) in the test part
     split_seed: int = 42
     val_size: int = 200  # harness: held out from the same file, seeded (at most a quarter)
@@ -495,10 +496,10 @@ class SandboxConfig:
 @dataclass
 class CellConfig:
     topology: str = "voting"
-    sharing: str = choice("ip", SHARING_MODES, "sharing mode")
+    sharing: SharingMode = choice("ip", SharingMode, "sharing mode")
     task: str = choice("arith", _registry("harness.tasks", "TASKS", sorted), "task")
     scale: str = choice("tiny-m", _registry("harness.models", "SCALES"), "scale")
-    engine: str = choice("local", ENGINES, "engine")
+    engine: Engine = choice("local", Engine, "engine")
     seed: int = ranged(0, ">=0")
     # the rollout random stream: 0 is the run's own; j > 0 draws the same problems with other samples
     # (harness.diagnose's resampled arms: how often the same state fails by chance)

@@ -132,7 +132,7 @@ def arm_config(parent: CellConfig, run: Path, branch: Branch, label: str, mitiga
     from harness.mitigations import mitigation_names
     from harness.validation import config_from_dict
 
-    values = OmegaConf.to_container(OmegaConf.structured(parent))
+    values = OmegaConf.to_container(OmegaConf.structured(parent), enum_to_str=True)
     own = [n for n in mitigation_names(parent.mitigation) if n != "none"]
     added = [n for n in mitigation_names(mitigation) if n != "none" and n not in own]
     values.update(cell_id=f"{parent.cell_id}@{branch.start}+{label}", mitigation="+".join(own + added) or "none",

@@ -205,10 +205,10 @@ def _already_ended(cfg: CellConfig, run_dir: RunDir, log) -> Optional[str]:
     status = run_dir.read_status()
     if run_dir.file("cell.yaml").is_file():
         try:  # in today's form: settings added since take their defaults, retired ones are upgraded
-            stored = OmegaConf.to_container(OmegaConf.structured(stored_cell_config(run_dir.path)))
+            stored = OmegaConf.to_container(OmegaConf.structured(stored_cell_config(run_dir.path)), enum_to_str=True)
         except Exception:  # noqa: BLE001 - a config today's harness cannot read: compared as written
             stored = OmegaConf.to_container(OmegaConf.load(run_dir.file("cell.yaml")))
-        differing = _config_mismatch(stored, OmegaConf.to_container(OmegaConf.structured(cfg)))
+        differing = _config_mismatch(stored, OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True))
         if differing:
             raise ConfigError(f"{run_dir.path} holds a run with a different config ({', '.join(differing)}); "
                               f"choose another sweep= or cell_id=")

@@ -16,6 +16,7 @@ import math
 import os
 import re
 from dataclasses import is_dataclass
+from enum import EnumMeta
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +26,7 @@ from omegaconf import OmegaConf
 
 from harness.cli_overrides import close_keys
 from harness.config import (GRAPH_TOPOLOGIES, MONITORED, TOPOLOGIES, DEFAULT_PROMPTS, CellConfig, ConfigError,
-                            check_fields, default_cell_id, kl_in_loss, register_configs)
+                            check_fields, default_cell_id, kl_in_loss, register_configs, unknown_choice)
 from harness.mitigations import apply_mitigations, mitigation_names
 from harness.models import SCALES, RandomQwen3, is_tiny, positions_of, resolve_model_path
 from harness.sharing import PolicyMap
@@ -159,6 +160,8 @@ def _convert(kind: Any, value: Any, current: Any) -> Any:
         return float(value)
     if kind is str and isinstance(value, str):
         return value
+    if isinstance(kind, EnumMeta) and isinstance(value, str):  # a choice: its member; check_fields names the valid ones
+        return kind[value] if value in kind.__members__ else value
     if origin is dict and isinstance(value, dict) and all(isinstance(k, str) for k in value):
         merged = dict(current or {})
         for key, item in value.items():
@@ -176,6 +179,12 @@ def _override_error(exc: BaseException) -> str:
     cause = str(exc.__cause__ or "")
     if cause:
         lines[0] += f": {cause.splitlines()[0]}"
+    kind, key = getattr(exc.__cause__, "object_type", None), getattr(exc.__cause__, "key", None)
+    if is_dataclass(kind) and "expected one of" in cause:  # a typed choice: check_fields' own message
+        try:
+            check_fields(kind(**{key: exc.__cause__.value}), exc.__cause__.full_key[:-len(key)])
+        except ConfigError as choice:
+            return str(choice)
     match = re.search(r"full_key: (\S+)", cause)
     if match and " not in " in cause:  # an unknown key: the closest dotted keys, and which keys exist there
         from harness.cli_overrides import closest_dotted
@@ -188,11 +197,6 @@ def _override_error(exc: BaseException) -> str:
                     f"{' of ' + parent if parent else ''}: {', '.join(map(str, node.keys()))}; every key: --help)")
     lines += [f"  {line}" for line in text[1:] if line.startswith("To append")]  # a new key in a dict
     return "bad override: " + "\n".join(lines)
-
-
-def _choose(kind: str, value: str, choices) -> None:
-    if value not in choices:
-        raise ConfigError(f"unknown {kind} '{value}'; valid choices: {', '.join(choices)}")
 
 
 def _check_data(cfg: CellConfig) -> None:
@@ -275,8 +279,9 @@ def _check_models(cfg: CellConfig) -> None:
 
 def validate(cfg: CellConfig) -> None:
     """Raise ConfigError for anything that would fail later; touches nothing on disk but model paths."""
-    if not is_graph_topology(cfg.topology):
-        _choose("topology", cfg.topology, TOPOLOGIES + GRAPH_TOPOLOGIES + ("graph:<name>", "<path to a workflow graph .yaml>"))
+    if not is_graph_topology(cfg.topology) and cfg.topology not in TOPOLOGIES + GRAPH_TOPOLOGIES:
+        raise unknown_choice("topology", cfg.topology,
+                             TOPOLOGIES + GRAPH_TOPOLOGIES + ("graph:<name>", "<path to a workflow graph .yaml>"))
     check_fields(cfg)
     _check_numbers(cfg)
     if cfg.local.device == "cuda" and cfg.engine == "local":
@@ -338,7 +343,8 @@ def validate(cfg: CellConfig) -> None:
                               f"(python -m analysis.studies render fits harness/monitors/learned.json)")
     from harness.wandb_sink import WANDB_MODES, wandb_settings
 
-    _choose("wandb mode (wandb.mode, else $WANDB_MODE)", wandb_settings(cfg)["mode"], WANDB_MODES)
+    if wandb_settings(cfg)["mode"] not in WANDB_MODES:
+        raise unknown_choice("wandb mode (wandb.mode, else $WANDB_MODE)", wandb_settings(cfg)["mode"], WANDB_MODES)
     if cfg.sharing_cfg.full_finetune and kl_in_loss(cfg.algo):
         raise ConfigError("algo.kl_coef > 0 needs the base model as reference, which full fine-tuning changes; "
                           "use an adapter (sharing_cfg.full_finetune=false)")

@@ -53,7 +53,8 @@ class WandbSink:
         settings = wandb_settings(cfg)
         self.run = wandb.init(project=settings["project"], entity=settings["entity"], group=cfg.sweep,
                               name=cfg.cell_id, id=wandb_run_id(run_dir.path), resume="allow", tags=tags,
-                              config=OmegaConf.to_container(OmegaConf.structured(cfg)), mode=settings["mode"],
+                              config=OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True),
+                              mode=settings["mode"],
                               dir=str(cfg.wandb.dir or run_dir.path), reinit="finish_previous",
                               settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
 

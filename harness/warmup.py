@@ -253,7 +253,7 @@ def build_random(spec: RandomQwen3, out_dir: Path) -> dict:
 
 def _task_fingerprint(cfg: CellConfig) -> dict:
     node = getattr(cfg, WARMUP_TASKS.get(cfg.task, ""), None)
-    return OmegaConf.to_container(OmegaConf.structured(node)) if node is not None else {}
+    return OmegaConf.to_container(OmegaConf.structured(node), enum_to_str=True) if node is not None else {}
 
 
 def prepare_model(cfg: CellConfig, task, log=print, workflow=None) -> Path:

@@ -128,7 +128,7 @@ def test_cells_record_their_chat_and_runs_stored_before_it_keep_the_template(tmp
     forced = cell(tmp_path, "scale=qwen3-tok", "topology=eval_opt", "workflow.chat=template")
     assert build_workflow(forced).chat == "template"
     tiny = cell(tmp_path, "topology=eval_opt")
-    stored = OmegaConf.to_container(OmegaConf.structured(tiny))
+    stored = OmegaConf.to_container(OmegaConf.structured(tiny), enum_to_str=True)
     del stored["workflow"]["chat"], stored["local"]["rollout"]  # as a run of an earlier version wrote it
     run = tmp_path / "earlier"
     run.mkdir()

@@ -123,7 +123,7 @@ def test_a_run_logged_before_the_paired_run_was_one_monitors_setting_still_loads
     from harness.config import CellConfig
     from harness.run_dir import stored_cell_config
 
-    stored = OmegaConf.to_container(OmegaConf.structured(CellConfig))
+    stored = OmegaConf.to_container(OmegaConf.structured(CellConfig), enum_to_str=True)
     del stored["monitors"]["reference_run"]
     stored["monitors"]["amplification"]["reference_run"] = "/runs/repro/single-math-tiny-m-s0"
     stored["monitors"]["collapse"]["reference_run"] = "/runs/repro/single-math-tiny-m-s0"

@@ -188,7 +188,9 @@ class Controller:
             metrics[role_key(role, "value")] = float(old.mean())
             metrics[role_key(role, "adv_mean")] = statistics.fmean(batch["raw"][id(t)] for t in mine)
             metrics[role_key(role, "value_loss")] = float(value_loss(old, target, old, self.cfg.algo.value_clip)[0])
-            metrics[role_key(role, "explained_variance")] = explained_variance(target.tolist(), old.tolist())
+            explained = explained_variance(target.tolist(), old.tolist())
+            if explained is not None:
+                metrics[role_key(role, "explained_variance")] = explained
         return metrics
 
     @torch.no_grad()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -119,12 +119,14 @@ def value_loss(predicted: torch.Tensor, returns: torch.Tensor, old: torch.Tensor
     return 0.5 * torch.max(plain, worst).mean(), float((worst > plain).float().mean())
 
 
-def explained_variance(returns: Sequence[float], values: Sequence[float]) -> float:
-    """1 - Var(R - V) / Var(R): 1 a perfect critic, 0 no better than a constant (nan: R constant)."""
+def explained_variance(returns: Sequence[float], values: Sequence[float]) -> Optional[float]:
+    """1 - Var(R - V) / (Var(R) + 1e-5), verl's `critic/vf_explained_var` (trainer/ppo/metric_utils.py): 1 a
+    perfect critic, 0 no better than a constant; finite where R is constant (a batch whose rewards all
+    agree is not a numerical fault); None for fewer than two turns, where no variance exists."""
     r, v = torch.tensor(list(returns), dtype=torch.float64), torch.tensor(list(values), dtype=torch.float64)
-    if len(r) < 2 or float(r.var()) == 0.0:
-        return float("nan")
-    return float(1 - (r - v).var() / r.var())
+    if len(r) < 2:
+        return None
+    return float(1 - (r - v).var() / (r.var() + 1e-5))
 
 
 class FeatureCritic:

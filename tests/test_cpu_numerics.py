@@ -38,3 +38,14 @@ def test_pinning_after_torch_is_loaded_is_refused():
     out = subprocess.run([sys.executable, "-c", "import torch; from harness import cpu_numerics; cpu_numerics.pin()"],
                          cwd=REPO, capture_output=True, text=True)
     assert out.returncode != 0 and "before torch is imported" in out.stderr
+
+
+def test_the_fingerprint_names_the_cpu_vendor_where_mkl_branches_on_it():
+    """MKL's reproducible AVX2 branch is Intel's only: the same pins give an AMD CPU other floats."""
+    code = "from harness import cpu_numerics; print(cpu_numerics.fingerprint().get('vendor'))"
+    with open("/proc/cpuinfo") as f:
+        vendor = next(line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id"))
+    pinned = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    compatible = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                                env={**os.environ, "MKL_CBWR": "COMPATIBLE"})
+    assert pinned.stdout.strip() == vendor and compatible.stdout.strip() == "None"

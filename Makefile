@@ -69,7 +69,7 @@ system:
 test: setup system vllm
 	$(PY) -m pytest -q --durations=15
 
-# The learning cases that take minutes each (about 25 min; the margins not reached yet are expected failures).
+# The learning cases that take minutes each (about 35 min; the margins not reached yet are expected failures).
 test-long: setup
 	$(PY) -m pytest -q -m long
 

@@ -28,7 +28,8 @@ def print_config_request(argv: Sequence[str]) -> Optional[List[str]]:
     """The overrides when argv asks for the resolved config (`--cfg job`, `--cfg=job`, also with
     `--resolve`), else None."""
     args = list(argv)
-    at = next((i for i, a in enumerate(args) if a == "--cfg=job" or args[i:i + 2] in (["--cfg", "job"], ["-c", "job"])), None)
+    forms = (["--cfg", "job"], ["-c", "job"])
+    at = next((i for i, a in enumerate(args) if a == "--cfg=job" or args[i:i + 2] in forms), None)
     if at is None:
         return None
     del args[at:at + (1 if args[at] == "--cfg=job" else 2)]

@@ -373,7 +373,7 @@ class MonitorConfig:
     action: Optional[Action] = choice(None, Action, "action")
     # mitigate: the running cell switches on its alert's mitigation from the next step (local engine)
     mitigations: Dict[str, str] = field(default_factory=lambda: dict(MATCHED_MITIGATIONS))
-    controls: Dict[str, str] = field(default_factory=lambda: dict(CONTROL_MITIGATIONS))  # harness.intervene's `control` arm
+    controls: Dict[str, str] = field(default_factory=lambda: dict(CONTROL_MITIGATIONS))  # harness.intervene's control
     debounce: int = 25  # steps before the same alert (kind, role, policy, signal) may fire again
     # no alert before this step (detectors still read every record): an alert before the run has
     # learned anything can only say which setting the cell was trained in. None: the cell's first

@@ -86,9 +86,10 @@ def check_fields(section: Any, where: str = "") -> None:
         if value is None:
             continue
         options = spec.metadata.get("choices")
-        options = None if options is None else list(options if isinstance(options, EnumMeta) else options())
-        if options is not None and value not in options:
-            raise unknown_choice(spec.metadata["what"] + (f" ({key})" if "." in key else ""), value, options)
+        if options is not None:
+            options = list(options if isinstance(options, EnumMeta) else options())
+            if value not in options:
+                raise unknown_choice(spec.metadata["what"] + (f" ({key})" if "." in key else ""), value, options)
         rule = spec.metadata.get("range")
         if rule is not None:
             test, wording = RANGES[rule]

@@ -14,12 +14,17 @@ from typing import Dict
 PINS: Dict[str, str] = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
-def _has_avx2() -> bool:
+def _cpuinfo() -> str:
+    """/proc/cpuinfo's text ("" where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return " avx2" in f.read()
+            return f.read()
     except OSError:
-        return False
+        return ""
+
+
+def _has_avx2() -> bool:
+    return " avx2" in _cpuinfo()
 
 
 def pin() -> Dict[str, str]:
@@ -35,11 +40,7 @@ def pin() -> Dict[str, str]:
 
 def cpu_vendor() -> str:
     """GenuineIntel, AuthenticAMD, ... ("" where /proc/cpuinfo does not say)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
-    except OSError:
-        return ""
+    return next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines() if line.startswith("vendor_id")), "")
 
 
 def fingerprint() -> Dict[str, str]:

@@ -343,8 +343,8 @@ def validate(cfg: CellConfig) -> None:
                               f"(python -m analysis.studies render fits harness/monitors/learned.json)")
     from harness.wandb_sink import WANDB_MODES, wandb_settings
 
-    if wandb_settings(cfg)["mode"] not in WANDB_MODES:
-        raise unknown_choice("wandb mode (wandb.mode, else $WANDB_MODE)", wandb_settings(cfg)["mode"], WANDB_MODES)
+    if (mode := wandb_settings(cfg)["mode"]) not in WANDB_MODES:
+        raise unknown_choice("wandb mode (wandb.mode, else $WANDB_MODE)", mode, WANDB_MODES)
     if cfg.sharing_cfg.full_finetune and kl_in_loss(cfg.algo):
         raise ConfigError("algo.kl_coef > 0 needs the base model as reference, which full fine-tuning changes; "
                           "use an adapter (sharing_cfg.full_finetune=false)")

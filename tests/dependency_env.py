@@ -53,7 +53,9 @@ def cached_venv(target: Path, fill: Callable[[Path, Path], str]) -> Path:
     """A venv at `target`, built once: `fill(python, site_packages)` populates it and returns what
     `.ready` records; built aside and renamed, so a half-built one is never reused."""
     if (target / ".ready").is_file():
-        return target
+        if _intact(target):
+            return target
+        shutil.rmtree(target, ignore_errors=True)  # it points into a removed tree (a deleted worktree's venv)
     building = target.with_name(f"{target.name}.building-{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
     venv.EnvBuilder(with_pip=True, symlinks=True).create(building)
@@ -68,10 +70,22 @@ def cached_venv(target: Path, fill: Callable[[Path, Path], str]) -> Path:
     return target
 
 
+def _intact(env: Path) -> bool:
+    """Whether every link and base path in the environment's site-packages still exists."""
+    for site in env.glob("lib/python*/site-packages"):
+        for entry in site.iterdir():
+            if entry.is_symlink() and not entry.exists():
+                return False
+            if entry.suffix == ".pth" and entry.name.startswith("zz_"):
+                if not all(Path(line).is_dir() for line in entry.read_text().split()):
+                    return False
+    return True
+
+
 def overlay_env(name: str, pins: Sequence[str]) -> Path:
     """A venv holding `pins` (exact `name==version` lines) over this environment's packages; built
     once per (interpreter, base environment, pins) and reused."""
-    base = sysconfig.get_paths()["purelib"]
+    base = str(Path(sysconfig.get_paths()["purelib"]).resolve())
     key = hashlib.sha1("\n".join([BUILD, sys.version, base, *sorted(pins)]).encode()).hexdigest()[:12]
 
     def fill(python: Path, own: Path) -> str:

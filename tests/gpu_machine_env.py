@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 from typing import Set
@@ -35,11 +36,12 @@ def gpu_machine_env() -> Path:
 
     names = sorted(n for n in closure(GPU_MACHINE) if _installed(n))
     pins = [f"{n}=={metadata.version(n)}" for n in names]
-    key = hashlib.sha1("\n".join([BUILD, sys.version, *pins]).encode()).hexdigest()[:12]
+    base = str(Path(sysconfig.get_paths()["purelib"]).resolve())  # a worktree's linked venv: its real path
+    key = hashlib.sha1("\n".join([BUILD, sys.version, base, *pins]).encode()).hexdigest()[:12]
 
     def fill(python: Path, own: Path) -> str:
         for name in names:
-            source = Path(metadata.distribution(name).locate_file(""))
+            source = Path(metadata.distribution(name).locate_file("")).resolve()
             for entry in top_level_entries(name):
                 if (source / entry).exists() and not (own / entry).exists():
                     (own / entry).symlink_to(source / entry)

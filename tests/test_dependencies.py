@@ -10,8 +10,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from tests.conftest import REPO
-from tests.dependency_env import (NOT_OVERLAID, dry_run_install, installed_version, lower_bounds, overlay_env,
-                                  project_requirements)
+from tests.dependency_env import (NOT_OVERLAID, cached_venv, dry_run_install, installed_version, lower_bounds,
+                                  overlay_env, project_requirements)
 
 # Versions a researcher's environment may already hold: each differs from the one CI pins.
 EXISTING = {"pandas": "3.1.0", "matplotlib": "3.11.1", "wandb": "0.30.0"}
@@ -106,3 +106,23 @@ def test_the_dev_tools_open_the_notebook_and_build_the_docs():
     scripts = {ep.name for name in ("jupyterlab", "mkdocs") for ep in distribution(name).entry_points
                if ep.group == "console_scripts"}
     assert {"jupyter-lab", "mkdocs"} <= scripts
+
+
+def test_a_cached_environment_linking_into_a_removed_tree_is_rebuilt(tmp_path):
+    """A cache outlives the worktree whose venv it linked: reusing it would import nothing."""
+    source, fills = tmp_path / "worktree-venv", []
+
+    def fill(python, own):
+        source.mkdir(exist_ok=True)
+        (source / "mod.py").write_text(f"built = {len(fills)}\n")
+        fills.append(python)
+        (own / "mod.py").symlink_to(source / "mod.py")
+        return "mod\n"
+
+    env = cached_venv(tmp_path / "cache" / "env", fill)
+    assert cached_venv(tmp_path / "cache" / "env", fill) == env and len(fills) == 1  # reused while intact
+    (source / "mod.py").unlink()
+    assert cached_venv(tmp_path / "cache" / "env", fill) == env and len(fills) == 2
+    imported = subprocess.run([str(env / "bin" / "python"), "-c", "import mod; print(mod.built)"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert imported == "1"

@@ -201,3 +201,48 @@ def test_the_planted_sweep_reads_as_a_confusion_matrix(tmp_path):
     for cell in cells:
         settings.setdefault(setting_of(cell), set()).add(cell.axes["seed"])
     assert len(settings) == 5 and all(seeds == {700, 701, 702} for seeds in settings.values())
+
+
+def test_the_grid_diagnoses_a_real_collapse_and_a_relaunch_runs_nothing(tmp_path, warm_model_dir):
+    """A cell that really collapses (the learning rate x100 on steps 4-5), launched, then
+    action=diagnose: the plan first (nothing written), then the arms as cells of `<sweep>-diagnosis`,
+    the verdict in the run and in the sweep report, and a second diagnose submits nothing."""
+    sweep = ["sweep=smoke", f"root={tmp_path}", "sweep.axes.topology=[voting]", "sweep.axes.sharing=[ip]",
+             "sweep.axes.seed=[0]", "sweep.baseline=false", "sweep.cell.steps=10", "sweep.cell.val_every=2",
+             "sweep.cell.val_problems=8", "sweep.cell.ckpt_every=2", "sweep.cell.ckpt_keep=100",
+             "sweep.cell.report=false", "sweep.cell.algo.lr_spike_factor=100", "sweep.cell.algo.lr_spike_start=4",
+             "sweep.cell.algo.lr_spike_steps=2"]
+    launched = subprocess.run([sys.executable, "grid/launch.py", *sweep], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+    assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
+    run = tmp_path / "smoke" / "voting-ip-arith-tiny-m-s0"
+    from analysis.labels import collapse_label
+
+    label = collapse_label(read_jsonl(run / "metrics.jsonl"))
+    assert label is not None and label.step > 2, launched.stdout[-2000:]
+    diagnose = [sys.executable, "grid/launch.py", *sweep, "action=diagnose", "diagnose.at=[label-2]",
+                "diagnose.resamples=1", "diagnose.margin=2", "diagnose.mechanisms=[unshare_instances]"]
+    dry = subprocess.run(diagnose + ["dry_run=true"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+    assert "1 failed cells, 2 arms" in dry.stdout and "dry run: nothing written" in dry.stdout
+    assert not (tmp_path / "smoke-diagnosis").exists() and not (run / "diagnosis.json").exists()
+
+    proc = subprocess.run(diagnose, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    arms = tmp_path / "smoke-diagnosis"
+    start = label.step - 2
+    for mechanism in ("none", "unshare_instances"):
+        status = json.loads((arms / f"{run.name}@{start}+{mechanism}~r0" / "status.json").read_text())
+        assert status["state"] == "finished" and status["step"] == label.step + 2
+    replay = read_jsonl(arms / f"{run.name}@{start}+none~r0" / "metrics.jsonl")
+    want = read_jsonl(run / "metrics.jsonl")
+    assert all(same_keys(a, b) == [] for a, b in zip(replay[:-1], want))  # stream 0 repeats the run to its horizon,
+    assert [k for k in same_keys(replay[-1], want[len(replay) - 1]) if not k.startswith("val/")] == []  # +its last val
+    verdict = json.loads((run / "diagnosis.json").read_text())
+    assert verdict["failure"]["step"] == label.step and verdict["points"][0]["start"] == start
+    line = verdict["lines"][0]
+    assert line.startswith(f"collapse at step {label.step} — diagnosis: ") and f"{run.name}: {line}" in proc.stdout
+    report = (tmp_path / "smoke" / "report" / "report.md").read_text()
+    assert "## Why the failed runs failed" in report and "## Diagnoses by topology x sharing" in report
+    again = subprocess.run(diagnose, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "nothing to submit" in again.stdout  # idempotent, as a launch is

@@ -174,13 +174,11 @@ def test_cancelled_cell_resumes_on_the_next_launch(tmp_path, warm_model_dir, slu
     assert "resuming voting-ip-arith-tiny-m-s0 from step" in log.read_text()
 
 
-@pytest.mark.parametrize("ray_up", ["never", "always"])
-def test_verl_cell_runs_on_slurm(tmp_path, warm_model_dir, slurm_cluster, ray_up):
-    """engine=verl through the grid: a private Ray inside the job, or slurm/ray-up.sh's Ray over the
-    allocation (what a multi-node cell gets; forced here on the one-node cluster)."""
+def test_verl_cell_runs_on_slurm(tmp_path, warm_model_dir, slurm_cluster):
+    """engine=verl through the grid with a private Ray inside the job; slurm/ray-up.sh's Ray over the
+    allocation (what a multi-node cell gets) is tests/test_two_node_cluster.py's."""
     args = ["sweep=smoke", "sweep.axes.topology=[voting]", "sweep.axes.sharing=[ip]", "sweep.baseline=false",
-            "sweep.cell.steps=4", "sweep.cell.val_every=2", "+sweep.cell.engine=verl",
-            f"+sweep.cell.verl.ray_up={ray_up}", "wait=true"]
+            "sweep.cell.steps=4", "sweep.cell.val_every=2", "+sweep.cell.engine=verl", "wait=true"]
     proc = launch(tmp_path, *args, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "summary: 1 finished" in proc.stdout
@@ -188,7 +186,30 @@ def test_verl_cell_runs_on_slurm(tmp_path, warm_model_dir, slurm_cluster, ray_up
     assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(4))
     assert "engine: verl" in (run / "cell.yaml").read_text()
     err_path = Path(ledger(tmp_path)["voting-ip-arith-tiny-m-s0"]["stderr"])
-    assert ("ray-up: cluster at" in err_path.read_text()) == (ray_up == "always")
+    assert "ray-up: cluster at" not in err_path.read_text()  # one node, ray_up=auto: a private Ray
+
+
+@pytest.mark.parametrize("engine,ray_up,env,wanted", [
+    ("verl", "auto", {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"}, True),
+    ("verl", "auto", {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1"}, False),
+    ("verl", "always", {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1"}, True),
+    ("verl", "never", {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"}, False),
+    ("verl", "always", {}, False),  # not inside a SLURM job
+    ("verl", "always", {"SLURM_JOB_ID": "7", "RAY_ADDRESS": "10.0.0.1:6379"}, False),  # a Ray is already there
+    ("local", "always", {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"}, False),
+])
+def test_a_cell_job_brings_ray_up_over_its_allocation_only_where_asked(monkeypatch, engine, ray_up, env, wanted):
+    from omegaconf import OmegaConf
+
+    from grid.submit import needs_ray_up
+    from harness.config import CellConfig
+
+    for name in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cfg = OmegaConf.merge(OmegaConf.structured(CellConfig), {"engine": engine, "verl": {"ray_up": ray_up}})
+    assert needs_ray_up(cfg) is wanted
 
 
 def _seconds_per_step(root, *cell):

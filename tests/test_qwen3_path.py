@@ -1,8 +1,8 @@
 """The real-model path with Qwen3's real tokenizer and chat template (no weights): the study's
 prompts with thinking off, contracts real replies can meet, and every topology training a few
-steps on `scale=qwen3-tok` (a random tiny Qwen3 over that vocabulary): all four on the local engine; on verl the
-paired baseline (single) and eval_opt, whose evaluator follows the chat (verl's voting and orch_workers cells run
-in test_verl_engine, test_critic and test_models_map)."""
+steps on `scale=qwen3-tok` (a random tiny Qwen3 over that vocabulary): all four on the local engine; on verl
+eval_opt, whose evaluator follows the chat (verl's voting and orch_workers cells run in test_verl_engine,
+test_critic and test_models_map; a single agent is one policy of one role there, as an SP cell's policy is)."""
 import json
 import os
 import subprocess
@@ -22,7 +22,7 @@ from tests.conftest import REPO, cell, python_cmd
 
 FIXTURE = REPO / "tests" / "fixtures" / "qwen3_judging_replies.jsonl"
 TOPOLOGIES = ("single", "eval_opt", "voting", "orch_workers")
-ON_ENGINE = {"local": TOPOLOGIES, "verl": ("single", "eval_opt")}  # each verl cell starts its own Ray
+ON_ENGINE = {"local": TOPOLOGIES, "verl": ("eval_opt",)}  # a verl cell starts its own Ray: the one with a chat
 
 
 @pytest.fixture(scope="module")

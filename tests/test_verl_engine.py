@@ -163,7 +163,8 @@ def _run(root, *extra, timeout=400):
 
 def test_verl_cell_runs_writes_the_run_dir_and_resumes_after_sigkill(tmp_path, warm_model_dir):
     """The uninterrupted run it is compared with runs beside it (each its own Ray; a verl cell mostly waits);
-    then a branch of it (harness.intervene) repeats its steps after the branch point."""
+    then the resume, a branch of the uninterrupted run (harness.intervene, which repeats its steps after the
+    branch point) and the same cell on engine=local run side by side."""
     killed, clean, local = tmp_path / "killed", tmp_path / "clean", tmp_path / "local"
     metrics = killed / "default" / CELL / "metrics.jsonl"
     proc = subprocess.Popen(python_cmd() + [f"root={killed}", *ARGS], cwd=REPO, stdout=subprocess.DEVNULL,
@@ -176,15 +177,26 @@ def test_verl_cell_runs_writes_the_run_dir_and_resumes_after_sigkill(tmp_path, w
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert 3 <= len(read_jsonl(metrics)) < 6, "the kill must land mid-run"
-
-    resumed = _run(killed)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming {CELL} from step" in resumed.stdout
-    got = read_jsonl(metrics)
-    assert [m["step"] for m in got] == list(range(6))
-
     clean_err = uninterrupted.communicate(timeout=400)[1]
     assert uninterrupted.returncode == 0, clean_err[-3000:]
+
+    def start(name, *command):  # its output to files: an unread pipe would stall it while the others run
+        with open(tmp_path / f"{name}.out", "w") as out, open(tmp_path / f"{name}.err", "w") as err:
+            return subprocess.Popen(list(command), cwd=REPO, stdout=out, stderr=err)
+
+    def finish(name, proc):
+        proc.wait(timeout=400)
+        out, err = ((tmp_path / f"{name}.{stream}").read_text() for stream in ("out", "err"))
+        assert proc.returncode == 0, err[-3000:]
+        return out
+
+    resuming = start("resume", *python_cmd(), f"root={killed}", *ARGS)
+    branching = start("branch", sys.executable, "-m", "harness.intervene", str(clean / "default" / CELL), "--at", "4",
+                      "--arms", "none")
+    reference = _run(local, "engine=local")
+    assert f"resuming {CELL} from step" in finish("resume", resuming)
+    got = read_jsonl(metrics)
+    assert [m["step"] for m in got] == list(range(6))
     want = read_jsonl(clean / "default" / CELL / "metrics.jsonl")
     for a, b in zip(got, want):
         assert a["reward/mean"] == b["reward/mean"], a["step"]
@@ -194,7 +206,6 @@ def test_verl_cell_runs_writes_the_run_dir_and_resumes_after_sigkill(tmp_path, w
         assert ("role/aggregator/kl" in a) == (a["step"] % 10 == 0) and a.get("role/aggregator/kl", 0.0) >= 0.0
 
     # the same run directory as engine=local: files, metric keys, status, checkpoints
-    reference = _run(local, "engine=local")
     assert reference.returncode == 0, reference.stderr[-3000:]
     verl_dir, local_dir = killed / "default" / CELL, local / "default" / CELL
     top = lambda d: sorted(p.name for p in d.iterdir() if p.name not in ("engine", "placement.json"))  # noqa: E731 (placement: verl only)
@@ -207,9 +218,7 @@ def test_verl_cell_runs_writes_the_run_dir_and_resumes_after_sigkill(tmp_path, w
     assert torch.isfinite(torch.tensor([m["loss"] for m in got])).all()
 
     # branched at step 4 (harness.intervene), its none arm repeats the uninterrupted run's last steps
-    branch = subprocess.run([sys.executable, "-m", "harness.intervene", str(clean / "default" / CELL), "--at", "4",
-                             "--arms", "none"], cwd=REPO, capture_output=True, text=True, timeout=400)
-    assert branch.returncode == 0, branch.stderr[-3000:]
+    finish("branch", branching)
     arm = read_jsonl(clean / "default-interventions" / f"{CELL}@4+none" / "metrics.jsonl")
     assert [m["step"] for m in arm] == list(range(6))
     for a, b in zip(arm[4:], want[4:]):

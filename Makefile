@@ -67,7 +67,7 @@ system:
 	bash tests/system-setup.sh
 
 test: setup system vllm
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q --durations=30
 
 # The learning cases that take minutes each (about 35 min; the margins not reached yet are expected failures).
 test-long: setup

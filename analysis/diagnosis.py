@@ -7,6 +7,11 @@ often than none's (McNemar exact, p < ALPHA) and less often than the non-specifi
 (`slow_down`, same test): the first such in registry order if several. Where only slowing down beat
 none the verdict is "generic"; where nothing did, "undetermined".
 
+That is rule `failures`, the default and the one the committed studies wrote down. Where slowing down
+saves every stream no arm can fail less often than it, so rule `failures-or-accuracy` also names a
+mechanism whose arms beat none on failures and beat slowing down on the final accuracy they reach
+(paired by stream, exact sign test, p < ALPHA): the removal kept the run learning, slowing down did not.
+
 Across failed runs (a study, a sweep), `mechanism_tests` asks per sharing mode whether a mechanism
 saves more resamples than none and than slowing down, by the sign test across runs on the per-run
 difference of failure counts (a run is one unit: its resamples share a state).
@@ -23,6 +28,15 @@ from analysis.paired import ALPHA, binomial_two_sided, compare_failures, compare
 
 GENERIC = "slow_down"
 NONE = "none"
+RULES = ("failures", "failures-or-accuracy")
+
+
+def check_rule(rule: str) -> str:
+    if rule not in RULES:
+        from harness.config import ConfigError
+
+        raise ConfigError(f"unknown verdict rule '{rule}'; valid choices: {', '.join(RULES)}")
+    return rule
 
 
 def _by(rows: Sequence[dict], *keys) -> Dict[tuple, List[dict]]:
@@ -44,8 +58,9 @@ def _names(mechanism: str) -> str:
     return MECHANISMS[mechanism].names if mechanism in MECHANISMS else mechanism
 
 
-def point_verdict(rows: Sequence[dict], failure: Optional[dict] = None) -> dict:
-    """The verdict at one branch point from its arms' rows (one per arm and resample)."""
+def point_verdict(rows: Sequence[dict], failure: Optional[dict] = None, rule: str = "failures") -> dict:
+    """The verdict at one branch point from its arms' rows (one per arm and resample), by `rule` (RULES)."""
+    check_rule(rule)
     by_arm = {arm: {int(r["resample"]): r for r in group} for (arm,), group in _by(rows, "arm").items()}
     none = by_arm.get(NONE, {})
     start = int(rows[0]["start"])
@@ -60,14 +75,23 @@ def point_verdict(rows: Sequence[dict], failure: Optional[dict] = None) -> dict:
             if arm != GENERIC and slow else None
         accuracy = compare_values([_float(by_arm[arm][j].get("final_accuracy")) for j in streams],
                                   [_float(none[j].get("final_accuracy")) for j in streams])
+        kept = compare_values([_float(by_arm[arm][j].get("final_accuracy")) for j in slow],
+                              [_float(by_arm[GENERIC][j].get("final_accuracy")) for j in slow]) \
+            if arm != GENERIC and slow else None
         results[arm] = {"names": _names(arm), "resamples": len(streams), "failed": vs_none.arm_failed,
                         "none_failed": vs_none.reference_failed, "p_vs_none": vs_none.p,
                         "slow_down_failed": None if vs_slow is None else vs_slow.reference_failed,
                         "p_vs_slow_down": None if vs_slow is None else vs_slow.p,
                         "accuracy_vs_none": accuracy.mean,
                         "beats_none": vs_none.cells > 0 and vs_none.difference < 0 and vs_none.p < ALPHA,
-                        "beats_slow_down": vs_slow is not None and vs_slow.difference < 0 and vs_slow.p < ALPHA}
-    named = [arm for arm in order if arm != GENERIC and results[arm]["beats_none"] and results[arm]["beats_slow_down"]]
+                        "beats_slow_down": vs_slow is not None and vs_slow.difference < 0 and vs_slow.p < ALPHA,
+                        "accuracy_vs_slow_down": None if kept is None else kept.mean,
+                        "p_accuracy_vs_slow_down": None if kept is None else kept.sign_p,
+                        "keeps_more_than_slow_down": kept is not None and kept.higher > kept.lower
+                        and kept.sign_p < ALPHA}
+    beyond_slowing = ("beats_slow_down",) if rule == "failures" else ("beats_slow_down", "keeps_more_than_slow_down")
+    named = [arm for arm in order if arm != GENERIC and results[arm]["beats_none"]
+             and any(results[arm][test] for test in beyond_slowing)]
     if named:
         verdict = _names(named[0])
     elif GENERIC in results and results[GENERIC]["beats_none"]:
@@ -80,9 +104,12 @@ def point_verdict(rows: Sequence[dict], failure: Optional[dict] = None) -> dict:
     slow_text = f"slowing down: {slow['failed']} of {slow['resamples']}" if slow else "no slow-down arm"
     if named:
         best = results[named[0]]
+        beyond = (f"{slow_text}, p = {best['p_vs_slow_down']:.3f}" if best["beats_slow_down"] else
+                  f"{slow_text}, but it kept {best['accuracy_vs_slow_down']:+.3f} accuracy over slowing down, "
+                  f"p = {best['p_accuracy_vs_slow_down']:.3f}")
         line = (f"{where} — diagnosis: {verdict} ({named[0]} at step {start}: {best['failed']} of {best['resamples']} "
                 f"resamples failed vs {best['none_failed']} of {best['resamples']} none, p = {best['p_vs_none']:.3f}; "
-                f"{slow_text}, p = {best['p_vs_slow_down']:.3f})")
+                f"{beyond})")
     else:
         tried = [a for a in order if a != GENERIC]
         best = min(tried, key=lambda a: (results[a]["failed"], a)) if tried else None
@@ -93,12 +120,12 @@ def point_verdict(rows: Sequence[dict], failure: Optional[dict] = None) -> dict:
         reason = "only slowing down beat chance" if verdict == "generic" else "no arm beat chance and slowing down"
         line = (f"{where} — diagnosis: {verdict} ({reason}; from step {start}, none failed "
                 f"{sum(failed.get(NONE, {}).values())} of {n} resamples, {slow_text}{detail})")
-    return {"start": start, "point": rows[0].get("point", ""), "verdict": verdict, "line": line,
+    return {"start": start, "point": rows[0].get("point", ""), "verdict": verdict, "line": line, "rule": rule,
             "none_failed": sum(failed.get(NONE, {}).values()), "resamples": n, "arms": results}
 
 
 def diagnose_run(run: Path, arms_root: Path, rows: Optional[List[dict]] = None,
-                 failure: Optional[dict] = None) -> dict:
+                 failure: Optional[dict] = None, rule: str = "failures") -> dict:
     """diagnosis.json's content: per branch point of `run`, its verdict (from the arms that ran);
     the failure diagnosed is the run's first label unless one is given."""
     from analysis.labels import label_run
@@ -107,8 +134,9 @@ def diagnose_run(run: Path, arms_root: Path, rows: Optional[List[dict]] = None,
     if failure is None:
         labels = label_run(Path(run))
         failure = min(labels, key=lambda l: l.step).record() if labels else None
-    points = [point_verdict(group, failure) for _, group in sorted(_by(rows, "start").items())]
-    return {"run": Path(run).name, "failure": failure, "points": points, "lines": [p["line"] for p in points]}
+    points = [point_verdict(group, failure, rule) for _, group in sorted(_by(rows, "start").items())]
+    return {"run": Path(run).name, "failure": failure, "rule": rule, "points": points,
+            "lines": [p["line"] for p in points]}
 
 
 def mechanism_tests(rows: Sequence[dict], sharing: str, mechanism: str) -> dict:

@@ -293,7 +293,7 @@ def render_diagnosis(study: Study, rows: List[dict]) -> Dict[str, str]:
     for (parent, start) in sorted({(r["parent"], r["start"]) for r in arms}):
         mine = [r for r in arms if (r["parent"], r["start"]) == (parent, start)]
         failure = {"kind": mine[0].get("failure_kind") or "failure", "step": mine[0].get("failure_step") or "?"}
-        verdict = point_verdict(mine, failure)
+        verdict = point_verdict(mine, failure, study.data.get("rule", "failures"))
         lines.append(f"- `{parent}` ({mine[0].get('sharing')}): {verdict['line']}")
         found_by_sharing.setdefault(str(mine[0].get("sharing")), []).append(verdict["verdict"])
     tests = []
@@ -317,7 +317,7 @@ def render_diagnosis(study: Study, rows: List[dict]) -> Dict[str, str]:
               "mechanisms": to_markdown(pd.DataFrame(tests)) if tests else "(no mechanism tested)",
               "hypotheses": "\n".join(hypotheses) or "(no hypotheses)",
               "headline": _diagnosis_headline(study, arms, found_by_sharing, verdicts)}
-    planted = _planted_rows(rows, arms)
+    planted = _planted_rows(rows, arms, study.data.get("rule", "failures"))
     if planted:  # a check on planted causes: its finding is planted x diagnosed, not the study's account
         from analysis.diagnosis import confusion, confusion_summary
 
@@ -328,7 +328,7 @@ def render_diagnosis(study: Study, rows: List[dict]) -> Dict[str, str]:
     return blocks
 
 
-def _planted_rows(rows: List[dict], arms: List[dict]) -> List[dict]:
+def _planted_rows(rows: List[dict], arms: List[dict], rule: str = "failures") -> List[dict]:
     """Per base cell of a planted sweep: its planted cause, whether it failed, and the verdict of its
     first branch point (None where it failed but was not diagnosed), as analysis.diagnosis.confusion reads them."""
     from analysis.diagnosis import point_verdict
@@ -338,7 +338,7 @@ def _planted_rows(rows: List[dict], arms: List[dict]) -> List[dict]:
         mine = [a for a in arms if a["parent"] == row["cell"]]
         first = [a for a in mine if a["start"] == min((b["start"] for b in mine), default=None)]
         out.append({"cell": row["cell"], "planted": row["planted"], "failed": str(row.get("failed_at", "")) != "",
-                    "verdict": point_verdict(first)["verdict"] if first else None})
+                    "verdict": point_verdict(first, rule=rule)["verdict"] if first else None})
     return out
 
 

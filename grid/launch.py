@@ -68,6 +68,7 @@ class DiagnoseOptions:
     resamples: int = 6
     margin: int = 20
     limit: Optional[int] = None  # failed cells per setting (every axis but the seed), in seed order
+    rule: str = "failures"  # the verdict's rule: failures | failures-or-accuracy (analysis/diagnosis.py)
 
 
 @dataclass
@@ -388,6 +389,10 @@ def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int
                 raise GridError(f"diagnose.mechanisms: {exc}") from None
     if int(cfg.diagnose.resamples) < 1:
         raise GridError(f"diagnose.resamples must be >= 1, got {cfg.diagnose.resamples}")
+    from analysis.diagnosis import RULES
+
+    if cfg.diagnose.rule not in RULES:
+        raise GridError(f"unknown diagnose.rule '{cfg.diagnose.rule}'; valid choices: {', '.join(RULES)}")
     sweep_dir = Path(cfg.root) / cfg.sweep.name
     taken: dict = {}
     planned = []
@@ -429,7 +434,7 @@ def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int
     code = launch(cells_out, arms_cfg, argv, out)
     if arms_cfg.launcher.name != "slurm" or cfg.get("wait"):
         for _, run, _ in planned:
-            verdict = json.loads(write_verdict(run).read_text())
+            verdict = json.loads(write_verdict(run, rule=str(cfg.diagnose.rule)).read_text())
             for line in verdict["lines"]:
                 out(f"{run.name}: {line}")
         print_confusion(sweep_dir, out)

@@ -206,13 +206,13 @@ def power(resamples: int) -> str:
             f"{resamples} paired resamples differ, all its way ({test})")
 
 
-def write_verdict(run: Path, failure: Optional[dict] = None) -> Path:
+def write_verdict(run: Path, failure: Optional[dict] = None, rule: str = "failures") -> Path:
     """diagnosis.json in the run directory from the arms that ran (analysis/diagnosis.py); `failure`:
-    the one diagnosed, where it is not the run's first label (--failure-step)."""
+    the one diagnosed, where it is not the run's first label (--failure-step); `rule`: the verdict's."""
     from analysis.diagnosis import diagnose_run
 
     run = Path(run).resolve()
-    verdict = diagnose_run(run, run.parent.parent / diagnosis_sweep(run.parent.name), failure=failure)
+    verdict = diagnose_run(run, run.parent.parent / diagnosis_sweep(run.parent.name), failure=failure, rule=rule)
     target = run / "diagnosis.json"
     from harness.run_dir import write_atomic
 
@@ -230,10 +230,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--margin", type=int, default=20, help="steps past the failure the arms run (default 20)")
     parser.add_argument("--failure-step", type=int, default=None,
                         help="the step the run failed at by a definition of your own (default: its first failure label)")
+    parser.add_argument("--rule", default="failures", help="the verdict's rule: failures (default) or "
+                        "failures-or-accuracy (docs/diagnosis.md)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its cost; write nothing")
     parser.add_argument("--prepare-only", action="store_true", help="seed the arms' folders, train nothing")
     args = parser.parse_args(argv)
     try:
+        from analysis.diagnosis import check_rule
+
+        check_rule(args.rule)
         arms = plan(args.run, [p.strip() for p in args.at.split(",") if p.strip()],
                     None if args.mechanisms is None else [m.strip() for m in args.mechanisms.split(",") if m.strip()],
                     args.resamples, args.margin, args.failure_step)
@@ -256,7 +261,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except CellFailed as exc:
             print(f"error: arm {arm.cfg.cell_id} failed: {exc}", file=sys.stderr)
             failed += 1
-    target = write_verdict(args.run, arms[0].failure if args.failure_step is not None else None)
+    target = write_verdict(args.run, arms[0].failure if args.failure_step is not None else None, args.rule)
     for line in json.loads(target.read_text())["lines"]:
         print(line)
     print(f"diagnosis: {target}")

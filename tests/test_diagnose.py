@@ -126,6 +126,8 @@ def test_resampled_none_arms_and_an_unshared_arm_branch_from_one_state(parent):
     (["--at", "4"], "did not fail (no failure label) and raised no alert: nothing to diagnose"),
     (["--at", "4", "--failure-step", "6", "--mechanisms", "unshare_roles"],
      "mechanism unshare_roles does not apply to voting-ip-arith-tiny-m-s0: no policy is shared by several roles"),
+    (["--at", "4", "--failure-step", "6", "--rule", "vibes"],
+     "unknown verdict rule 'vibes'; valid choices: failures, failures-or-accuracy"),
 ])
 def test_bad_input_is_one_error_line_and_writes_nothing(parent, args, message):
     before = sorted(str(p) for p in parent.parent.parent.rglob("*"))
@@ -153,6 +155,32 @@ def test_a_mechanism_is_named_only_when_it_beats_chance_and_slowing_down(failed,
     got = point_verdict(_rows(failed), {"kind": "collapse", "step": 20})
     assert got["verdict"] == verdict, got["line"]
     assert got["line"].startswith(f"collapse at step 20 — diagnosis: {verdict} (")
+
+
+@pytest.mark.parametrize("slow_down_accuracy,unshared_fail,failures_rule,accuracy_rule", [
+    (0.3, 0, "generic", "amplification"),  # slowing down saved every stream but learned less: named by accuracy
+    (0.5, 0, "generic", "generic"),  # it kept as much: nothing beyond slowing down
+    (0.3, 1, "generic", "generic"),  # the arm failed like none (an outside cause): never named
+])
+def test_the_accuracy_rule_names_a_mechanism_that_keeps_learning_where_slowing_down_does_not(
+        slow_down_accuracy, unshared_fail, failures_rule, accuracy_rule):
+    from analysis.diagnosis import point_verdict
+
+    rows = _rows({"none": [1] * 6, "unshare_instances": [unshared_fail] * 6, "slow_down": [0] * 6})
+    for row in rows:
+        if row["arm"] == "slow_down":
+            row["final_accuracy"] = slow_down_accuracy
+    failure = {"kind": "collapse", "step": 20}
+    assert point_verdict(rows, failure)["verdict"] == failures_rule  # the preregistered rule: nothing beats it
+    got = point_verdict(rows, failure, "failures-or-accuracy")
+    assert got["verdict"] == accuracy_rule and got["rule"] == "failures-or-accuracy", got["line"]
+    if accuracy_rule == "amplification":
+        assert "slowing down: 0 of 6, but it kept +0.200 accuracy over slowing down, p = 0.031" in got["line"]
+        assert got["arms"]["unshare_instances"]["keeps_more_than_slow_down"]
+    from harness.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown verdict rule 'vibes'; valid choices: failures, failures-or-"):
+        point_verdict(rows, failure, "vibes")
 
 
 def test_the_planted_sweep_reads_as_a_confusion_matrix(tmp_path):

@@ -141,6 +141,8 @@ def line_gpu_column(lines):
      "diagnose.mechanisms: unknown mechanism 'boredom'; valid: unshare_instances, role_count_scaling"),
     (["sweep=smoke", "action=diagnose", "diagnose.resamples=0"], "diagnose.resamples must be >= 1, got 0"),
     (["sweep=smoke", "action=diagnose", "diagnose.resamples=few"], "diagnose.resamples: Value 'few'"),
+    (["sweep=smoke", "action=diagnose", "diagnose.rule=vibes"],
+     "unknown diagnose.rule 'vibes'; valid choices: failures, failures-or-accuracy"),
     (["sweep=smoke", "action=evaluate", "evaluate.split=nope"], "unknown evaluate.split 'nope'; valid choices: validation, held_out"),
     (["sweep=smoke", "action=evaluate", "evaluate.k=2", "evaluate.samples=1"], "evaluate.samples >= k (got k=2, samples=1"),
     (["sweep=smoke", "steps=3"], "'steps' is a cell setting: write sweep.cell.steps=3"),

@@ -31,11 +31,11 @@ NONE = "none"
 RULES = ("failures", "failures-or-accuracy")
 
 
-def check_rule(rule: str) -> str:
+def check_rule(rule: str, what: str = "verdict rule") -> str:
     if rule not in RULES:
         from harness.config import ConfigError
 
-        raise ConfigError(f"unknown verdict rule '{rule}'; valid choices: {', '.join(RULES)}")
+        raise ConfigError(f"unknown {what} '{rule}'; valid choices: {', '.join(RULES)}")
     return rule
 
 
@@ -65,6 +65,10 @@ def point_verdict(rows: Sequence[dict], failure: Optional[dict] = None, rule: st
     none = by_arm.get(NONE, {})
     start = int(rows[0]["start"])
     failed = {arm: {j: failed_after(r) for j, r in runs.items()} for arm, runs in by_arm.items()}
+
+    def finals(arm: str, streams: Sequence[int]) -> List[Optional[float]]:
+        return [_float(by_arm[arm][j].get("final_accuracy")) for j in streams]
+
     results = {}
     order = [m for m in _mechanism_order() if m in by_arm] + sorted(set(by_arm) - set(_mechanism_order()) - {NONE})
     for arm in order:
@@ -73,11 +77,8 @@ def point_verdict(rows: Sequence[dict], failure: Optional[dict] = None, rule: st
         slow = sorted(set(failed[arm]) & set(failed.get(GENERIC, {})))
         vs_slow = compare_failures([failed[arm][j] for j in slow], [failed[GENERIC][j] for j in slow]) \
             if arm != GENERIC and slow else None
-        accuracy = compare_values([_float(by_arm[arm][j].get("final_accuracy")) for j in streams],
-                                  [_float(none[j].get("final_accuracy")) for j in streams])
-        kept = compare_values([_float(by_arm[arm][j].get("final_accuracy")) for j in slow],
-                              [_float(by_arm[GENERIC][j].get("final_accuracy")) for j in slow]) \
-            if arm != GENERIC and slow else None
+        accuracy = compare_values(finals(arm, streams), finals(NONE, streams))
+        kept = compare_values(finals(arm, slow), finals(GENERIC, slow)) if arm != GENERIC and slow else None
         results[arm] = {"names": _names(arm), "resamples": len(streams), "failed": vs_none.arm_failed,
                         "none_failed": vs_none.reference_failed, "p_vs_none": vs_none.p,
                         "slow_down_failed": None if vs_slow is None else vs_slow.reference_failed,
@@ -89,9 +90,8 @@ def point_verdict(rows: Sequence[dict], failure: Optional[dict] = None, rule: st
                         "p_accuracy_vs_slow_down": None if kept is None else kept.sign_p,
                         "keeps_more_than_slow_down": kept is not None and kept.higher > kept.lower
                         and kept.sign_p < ALPHA}
-    beyond_slowing = ("beats_slow_down",) if rule == "failures" else ("beats_slow_down", "keeps_more_than_slow_down")
     named = [arm for arm in order if arm != GENERIC and results[arm]["beats_none"]
-             and any(results[arm][test] for test in beyond_slowing)]
+             and (results[arm]["beats_slow_down"] or rule != "failures" and results[arm]["keeps_more_than_slow_down"])]
     if named:
         verdict = _names(named[0])
     elif GENERIC in results and results[GENERIC]["beats_none"]:

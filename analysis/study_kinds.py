@@ -289,11 +289,12 @@ def render_diagnosis(study: Study, rows: List[dict]) -> Dict[str, str]:
     from analysis.diagnosis import mechanism_tests, point_verdict, pooled_failures
 
     arms = _typed_arms(rows)
+    rule = study.data.get("rule", "failures")
     lines, found_by_sharing = [], {}
     for (parent, start) in sorted({(r["parent"], r["start"]) for r in arms}):
         mine = [r for r in arms if (r["parent"], r["start"]) == (parent, start)]
         failure = {"kind": mine[0].get("failure_kind") or "failure", "step": mine[0].get("failure_step") or "?"}
-        verdict = point_verdict(mine, failure, study.data.get("rule", "failures"))
+        verdict = point_verdict(mine, failure, rule)
         lines.append(f"- `{parent}` ({mine[0].get('sharing')}): {verdict['line']}")
         found_by_sharing.setdefault(str(mine[0].get("sharing")), []).append(verdict["verdict"])
     tests = []
@@ -317,7 +318,7 @@ def render_diagnosis(study: Study, rows: List[dict]) -> Dict[str, str]:
               "mechanisms": to_markdown(pd.DataFrame(tests)) if tests else "(no mechanism tested)",
               "hypotheses": "\n".join(hypotheses) or "(no hypotheses)",
               "headline": _diagnosis_headline(study, arms, found_by_sharing, verdicts)}
-    planted = _planted_rows(rows, arms, study.data.get("rule", "failures"))
+    planted = _planted_rows(rows, arms, rule)
     if planted:  # a check on planted causes: its finding is planted x diagnosed, not the study's account
         from analysis.diagnosis import confusion, confusion_summary
 

@@ -389,10 +389,12 @@ def diagnose(cells, cfg: DictConfig, argv: Sequence[str] = (), out=print) -> int
                 raise GridError(f"diagnose.mechanisms: {exc}") from None
     if int(cfg.diagnose.resamples) < 1:
         raise GridError(f"diagnose.resamples must be >= 1, got {cfg.diagnose.resamples}")
-    from analysis.diagnosis import RULES
+    from analysis.diagnosis import check_rule
 
-    if cfg.diagnose.rule not in RULES:
-        raise GridError(f"unknown diagnose.rule '{cfg.diagnose.rule}'; valid choices: {', '.join(RULES)}")
+    try:
+        check_rule(str(cfg.diagnose.rule), "diagnose.rule")
+    except ConfigError as exc:
+        raise GridError(str(exc)) from None
     sweep_dir = Path(cfg.root) / cfg.sweep.name
     taken: dict = {}
     planned = []

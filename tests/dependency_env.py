@@ -49,6 +49,12 @@ def pip(python: Path, *args: str, check: bool = True) -> subprocess.CompletedPro
                           capture_output=True, text=True, check=check)
 
 
+def base_site_packages() -> str:
+    """The running environment's site-packages by its real path (a worktree's linked venv resolves to
+    the venv itself), so a cache keyed by it never outlives what it links."""
+    return str(Path(sysconfig.get_paths()["purelib"]).resolve())
+
+
 def cached_venv(target: Path, fill: Callable[[Path, Path], str]) -> Path:
     """A venv at `target`, built once: `fill(python, site_packages)` populates it and returns what
     `.ready` records; built aside and renamed, so a half-built one is never reused."""
@@ -85,7 +91,7 @@ def _intact(env: Path) -> bool:
 def overlay_env(name: str, pins: Sequence[str]) -> Path:
     """A venv holding `pins` (exact `name==version` lines) over this environment's packages; built
     once per (interpreter, base environment, pins) and reused."""
-    base = str(Path(sysconfig.get_paths()["purelib"]).resolve())
+    base = base_site_packages()
     key = hashlib.sha1("\n".join([BUILD, sys.version, base, *sorted(pins)]).encode()).hexdigest()[:12]
 
     def fill(python: Path, own: Path) -> str:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import sysconfig
 from importlib import metadata
 from pathlib import Path
 from typing import Set
 
-from tests.dependency_env import cache_root, cached_venv
+from tests.dependency_env import base_site_packages, cache_root, cached_venv
 
 BUILD = "gpu machine 1"  # a change here rebuilds the cached environments
 
@@ -36,8 +35,7 @@ def gpu_machine_env() -> Path:
 
     names = sorted(n for n in closure(GPU_MACHINE) if _installed(n))
     pins = [f"{n}=={metadata.version(n)}" for n in names]
-    base = str(Path(sysconfig.get_paths()["purelib"]).resolve())  # a worktree's linked venv: its real path
-    key = hashlib.sha1("\n".join([BUILD, sys.version, base, *pins]).encode()).hexdigest()[:12]
+    key = hashlib.sha1("\n".join([BUILD, sys.version, base_site_packages(), *pins]).encode()).hexdigest()[:12]
 
     def fill(python: Path, own: Path) -> str:
         for name in names:
